@@ -1,0 +1,158 @@
+"""Collect groups: G attempts per task from the policy server, each verified and recorded.
+
+1. All attempts of a batch run concurrently inside one task group, bounded by one limiter on
+   server slots, so vLLM can batch them.
+2. A failed call is data: the attempt records the error and reward 0, and its group is marked
+   incomplete (never trained on); the rest of the batch goes on.
+3. Each group is handed to `on_group` as soon as it is whole, so a crash loses at most the groups
+   in flight; tasks listed in `skip` (already stored) are not sampled again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from agents.errors import PolicyError
+from agents.policy import PolicyClient
+from memory.records import Attempt, Group, GroupPurpose, SamplingSettings
+from verifiers.reasoning import verify
+from verifiers.task import Task
+
+log = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are a careful math assistant. Work the problem out in one or two short sentences, "
+    "then write the final answer inside answer tags, like <answer>42</answer>."
+)
+
+
+class CollectSettings(BaseModel):
+    """How one batch is sampled."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group_size: int = 4
+    temperature: float = 1.0
+    max_tokens: int = 128
+    system_prompt: str = SYSTEM_PROMPT
+
+
+def prompt_messages(task: Task, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": task.question},
+    ]
+
+
+async def collect_groups(
+    client: PolicyClient,
+    tasks: Sequence[Task],
+    *,
+    model: str,
+    round_index: int,
+    purpose: GroupPurpose,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+    on_group: Callable[[Group], None],
+    skip: Collection[str] = (),
+) -> list[Group]:
+    """Sample, verify and hand over one group per task not in `skip`; returns the new groups."""
+    todo = [task for task in tasks if task.task_id not in skip]
+    groups: list[Group] = []
+
+    async def run_group(task: Task) -> None:
+        group = await collect_group(
+            client,
+            task,
+            model=model,
+            round_index=round_index,
+            purpose=purpose,
+            settings=settings,
+            limiter=limiter,
+        )
+        on_group(group)
+        groups.append(group)
+        if len(groups) % max(1, len(todo) // 4) == 0 or len(groups) == len(todo):
+            log.info("%s: %d/%d groups collected", purpose, len(groups), len(todo))
+
+    async with anyio.create_task_group() as tg:
+        for task in todo:
+            tg.start_soon(run_group, task)
+    return groups
+
+
+async def collect_group(
+    client: PolicyClient,
+    task: Task,
+    *,
+    model: str,
+    round_index: int,
+    purpose: GroupPurpose,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+) -> Group:
+    messages = prompt_messages(task, settings.system_prompt)
+    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    attempts_G: list[Attempt | None] = [None] * settings.group_size
+
+    async def run_attempt(index: int) -> None:
+        async with limiter:
+            attempts_G[index] = await attempt_task(client, task, messages, model, sampling, index)
+
+    async with anyio.create_task_group() as tg:
+        for index in range(settings.group_size):
+            tg.start_soon(run_attempt, index)
+    return Group(
+        round_index=round_index,
+        purpose=purpose,
+        task_id=task.task_id,
+        taskset=task.taskset,
+        question=task.question,
+        policy_version=model,
+        size=settings.group_size,
+        attempts=[a for a in attempts_G if a is not None],
+    )
+
+
+async def attempt_task(
+    client: PolicyClient,
+    task: Task,
+    messages: list[dict[str, Any]],
+    model: str,
+    sampling: SamplingSettings,
+    index: int,
+) -> Attempt:
+    base = {"sample_index": index, "policy_version": model, "messages": messages}
+    try:
+        sample = await client.sample(model, messages, sampling)
+    except PolicyError as exc:
+        return Attempt(
+            **base,
+            sampling=sampling,
+            sample=None,
+            reward=0.0,
+            correct=False,
+            format_ok=False,
+            answer=None,
+            reason="policy call failed",
+            error=str(exc),
+        )
+    verdict = verify(task, sample.text)
+    reason = verdict.reason
+    if sample.finish_reason == "length":
+        reason += ", truncated"
+    return Attempt(
+        **base,
+        sampling=sampling,
+        sample=sample,
+        reward=verdict.reward,
+        correct=verdict.correct,
+        format_ok=verdict.format_ok,
+        answer=verdict.answer,
+        reason=reason,
+    )

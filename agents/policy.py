@@ -1,0 +1,85 @@
+"""The policy client: one chat call to an OpenAI-compatible vLLM server, returned as a `Sample`.
+
+1. vLLM's `return_token_ids` and `logprobs` give the exact prompt ids, completion ids and
+   behaviour logprobs, so training sees what was sampled.
+2. The openai client owns retries (twice, on timeouts and 5xx); nothing above it retries again.
+   Each call carries an idempotency key; the store's natural keys make a retried turn land once.
+3. Every failure becomes `PolicyError` with a one-line reason for the attempt that asked.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+
+from agents.errors import PolicyError
+from memory.records import Sample, SamplingSettings
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class PolicyClient:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str = "EMPTY",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_retries: int = 2,
+        http_client: Any = None,
+    ) -> None:
+        self._client = AsyncOpenAI(
+            base_url=f"{base_url.rstrip('/')}/v1",
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=max_retries,
+            http_client=http_client,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def sample(
+        self, model: str, messages: list[dict[str, Any]], sampling: SamplingSettings
+    ) -> Sample:
+        try:
+            response = await self._client.chat.completions.create(
+                model=model,
+                messages=messages,  # type: ignore[arg-type]
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+                extra_headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
+        except openai.APIError as exc:
+            raise PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}") from exc
+        return _to_sample(response)
+
+
+def _to_sample(response: Any) -> Sample:
+    if not response.choices:
+        raise PolicyError("server returned no choices")
+    choice = response.choices[0]
+    prompt_ids = getattr(response, "prompt_token_ids", None)
+    token_ids = getattr(choice, "token_ids", None)
+    if prompt_ids is None or token_ids is None:
+        raise PolicyError("server returned no token ids (is it vLLM with return_token_ids?)")
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    logprobs = [entry.logprob for entry in content or []]
+    if len(logprobs) != len(token_ids):
+        raise PolicyError(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
+    return Sample(
+        text=choice.message.content or "",
+        prompt_token_ids=list(prompt_ids),
+        completion_token_ids=list(token_ids),
+        logprobs=logprobs,
+        finish_reason=choice.finish_reason or "unknown",
+    )
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or ["(no message)"])[0][:300]

@@ -1,0 +1,184 @@
+"""The `flywheel` command line.
+
+Every command has `--help`, fails with one line (`flywheel: error: ...`) and a non-zero exit on
+bad input, and logs progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+MODELS = ("smollm2", "tiny")
+DEFAULT_SERVER_PYTHON = Path(".venv-serving/bin/python")
+
+
+def main(argv: list[str] | None = None) -> int:
+    # A training process next to the model server must not spin on OpenMP waits; set before torch.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("flywheel: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI boundary turns known failures into one line
+        if not _is_user_facing(exc):
+            raise
+        print(f"flywheel: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flywheel", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run flywheel rounds: collect, train, swap, evaluate")
+    run.add_argument("--rounds", type=int, default=2, help="flywheel rounds (default 2)")
+    run.add_argument("--tasks", type=int, default=16, help="train tasks per round (default 16)")
+    run.add_argument("--group-size", type=int, default=4, help="attempts per task (default 4)")
+    run.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks (default 64)")
+    run.add_argument("--taskset", default="arithmetic", help="task set (default arithmetic)")
+    run.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".flywheel"),
+        help="models, adapters, logs and the default database (default .flywheel)",
+    )
+    run.add_argument(
+        "--model",
+        default="smollm2",
+        help="smollm2 (default), tiny (random, for tests) or a model folder",
+    )
+    run.add_argument(
+        "--server-url", default=None, help="use this running vLLM server instead of starting one"
+    )
+    run.add_argument(
+        "--server-python",
+        type=Path,
+        default=DEFAULT_SERVER_PYTHON,
+        help="python of the model server's environment (default .venv-serving)",
+    )
+    run.add_argument("--port", type=int, default=8011, help="port for the started server")
+    run.add_argument("--summary-json", type=Path, default=None, help="write the summary here")
+    run.set_defaults(handler=_run)
+
+    prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
+    prepare.add_argument("--model", default="smollm2", choices=MODELS)
+    prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    prepare.set_defaults(handler=_prepare_model)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from flows.settings import RunSettings
+    from memory.store import open_store
+    from verifiers.reasoning import preset
+
+    preset(args.taskset)
+    db_url = args.db or f"sqlite:///{args.workdir}/flywheel.db"
+    settings = RunSettings(
+        rounds=_positive(args.rounds, "--rounds"),
+        tasks=_positive(args.tasks, "--tasks"),
+        group_size=_positive(args.group_size, "--group-size", minimum=2),
+        eval_tasks=_positive(args.eval_tasks, "--eval-tasks"),
+        taskset=args.taskset,
+        db_url=db_url,
+        workdir=args.workdir,
+    )
+    open_store(settings.db_url).dispose()
+    model_path = _model_folder(args.model, args.workdir)
+    served_name = model_path.name
+    started = time.monotonic()
+    if args.server_url:
+        summary = _run_flow(settings, args.server_url, served_name, model_path)
+    else:
+        from serving.server import ServerSettings, VllmServer
+
+        server_settings = ServerSettings(
+            python=args.server_python,
+            model_path=model_path,
+            served_name=served_name,
+            port=args.port,
+            log_path=args.workdir / "logs" / "vllm.log",
+        )
+        with VllmServer(server_settings) as server:
+            server_seconds = time.monotonic() - started
+            summary = _run_flow(settings, server.url, served_name, model_path)
+        summary.wall_seconds["server_start"] = server_seconds
+    summary.wall_seconds["total"] = time.monotonic() - started
+    _report(summary, args.summary_json)
+    return 0
+
+
+def _run_flow(settings: Any, server_url: str, served_name: str, model_path: Path) -> Any:
+    import anyio
+
+    from flows.flywheel import flywheel_run
+
+    return anyio.run(flywheel_run, settings, server_url, served_name, str(model_path))
+
+
+def _report(summary: Any, path: Path | None) -> None:
+    from flows.summary import format_table
+
+    print(format_table(summary))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary.model_dump(mode="json"), indent=2) + "\n")
+        print(f"summary written to {path}")
+
+
+def _prepare_model(args: argparse.Namespace) -> int:
+    print(_model_folder(args.model, args.workdir))
+    return 0
+
+
+def _model_folder(model: str, workdir: Path) -> Path:
+    from serving.model import prepare_smollm2, prepare_tiny_llama
+
+    cache_dir = workdir / "models"
+    if model == "smollm2":
+        return prepare_smollm2(cache_dir)
+    if model == "tiny":
+        return prepare_tiny_llama(cache_dir, prepare_smollm2(cache_dir))
+    folder = Path(model)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--model {model!r} is neither {' nor '.join(MODELS)} nor a model folder")
+    return folder
+
+
+def _positive(value: int, flag: str, minimum: int = 1) -> int:
+    if value < minimum:
+        raise ValueError(f"{flag} must be at least {minimum}, got {value}")
+    return value
+
+
+def _is_user_facing(exc: Exception) -> bool:
+    from agents.errors import AgentError
+    from memory.errors import StoreError
+    from serving.errors import ServingError
+    from trainer.errors import TrainerError
+    from verifiers.errors import VerifierError
+
+    known = (AgentError, StoreError, ServingError, TrainerError, VerifierError, ValueError)
+    return isinstance(exc, known)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The flywheel as a Prefect flow: per round collect, verify, store, train, swap, evaluate.
+
+1. The base model is evaluated once on held-out tasks (greedy, no guidance): the baseline.
+2. Each round samples G attempts per train task from the promoted version, verifies and stores
+   them, trains a LoRA on the complete groups, hot-loads it into vLLM under a new versioned name,
+   evaluates it on the same held-out tasks, and promotes it only if it is not worse.
+3. Every stage is idempotent through the store: stored groups are not sampled again, so a re-run
+   after a crash resumes the round.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from functools import cache
+from pathlib import Path
+
+import anyio
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from sqlalchemy import Engine
+
+from agents.collector import CollectSettings, collect_groups
+from agents.policy import PolicyClient
+from flows.settings import RunSettings
+from flows.summary import RoundSummary, RunSummary
+from memory import store
+from memory.records import Group, GroupPurpose, PolicyVersion, TrainingRound
+from serving.adapters import load_adapter
+from trainer.errors import TrainerError
+from trainer.round import RoundResult, train_round
+from verifiers.reasoning import eval_tasks, train_tasks
+from verifiers.task import Task
+
+
+@cache
+def _engine(db_url: str) -> Engine:
+    return store.open_store(db_url)
+
+
+@task(cache_policy=NO_CACHE)
+async def collect(
+    settings: RunSettings,
+    server_url: str,
+    tasks: list[Task],
+    version: str,
+    round_index: int,
+    purpose: GroupPurpose,
+    sampling: CollectSettings,
+) -> list[Group]:
+    """Sample and store one group per task (skipping stored ones); return all groups."""
+    engine = _engine(settings.db_url)
+    with store.transaction(engine) as session:
+        done = store.load_groups(session, purpose, round_index, version)
+    skip = {g.task_id for g in done}
+    get_run_logger().info(
+        "%s with %s: %d tasks (%d already stored)",
+        purpose,
+        version,
+        len(tasks),
+        len(skip & {t.task_id for t in tasks}),
+    )
+
+    def save(group: Group) -> None:
+        with store.transaction(engine) as session:
+            store.save_group(session, group)
+
+    client = PolicyClient(server_url)
+    try:
+        await collect_groups(
+            client,
+            tasks,
+            model=version,
+            round_index=round_index,
+            purpose=purpose,
+            settings=sampling,
+            limiter=anyio.CapacityLimiter(settings.concurrency),
+            on_group=save,
+            skip=skip,
+        )
+    finally:
+        await client.aclose()
+    wanted = {t.task_id for t in tasks}
+    with store.transaction(engine) as session:
+        groups = store.load_groups(session, purpose, round_index, version)
+    return [g for g in groups if g.task_id in wanted]
+
+
+@task(cache_policy=NO_CACHE)
+def train(
+    settings: RunSettings, groups: list[Group], base_model: Path, parent: PolicyVersion, name: str
+) -> RoundResult:
+    parent_path = Path(parent.adapter_path) if parent.adapter_path else None
+    return train_round(
+        groups,
+        base_model=base_model,
+        parent_adapter=parent_path,
+        checkpoint_root=settings.checkpoint_root,
+        name=name,
+        settings=settings.train,
+    )
+
+
+@task(cache_policy=NO_CACHE)
+def swap(server_url: str, name: str, adapter_path: str) -> None:
+    load_adapter(server_url, name, Path(adapter_path))
+
+
+def _pass_at_1(groups: list[Group]) -> tuple[float, float]:
+    attempts = [a for g in groups for a in g.attempts]
+    if not attempts:
+        return 0.0, 0.0
+    return (
+        statistics.fmean(a.correct for a in attempts),
+        statistics.fmean(a.format_ok for a in attempts),
+    )
+
+
+async def _evaluate(
+    settings: RunSettings, server_url: str, held_out: list[Task], version: PolicyVersion
+) -> tuple[float, float]:
+    groups = await collect(
+        settings,
+        server_url,
+        held_out,
+        version.name,
+        version.round_index,
+        "eval",
+        settings.eval_settings(),
+    )
+    return _pass_at_1(groups)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, stage: str, since: float) -> float:
+        elapsed = time.monotonic() - since
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + elapsed
+        return elapsed
+
+
+@flow(name="flywheel-run", log_prints=False)
+async def flywheel_run(
+    settings: RunSettings, server_url: str, base_name: str, base_model_path: str
+) -> RunSummary:
+    logger = get_run_logger()
+    engine = _engine(settings.db_url)
+    clock = _Clock()
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, PolicyVersion(name=base_name, base_model=base_name))
+        if store.promoted_policy(session) is None:
+            store.record_evaluation(session, base_name, 0.0, promoted=True)
+        base = store.policy_version(session, base_name)
+    held_out = eval_tasks(settings.taskset, settings.eval_tasks)
+
+    started = time.monotonic()
+    baseline, baseline_format = await _evaluate(settings, server_url, held_out, base)
+    clock.add("evaluate", started)
+    logger.info("baseline held-out pass@1 %.3f (format %.2f)", baseline, baseline_format)
+    with store.transaction(engine) as session:
+        base_row = store.policy_version(session, base_name)
+        store.record_evaluation(session, base_name, baseline, promoted=base_row.promoted)
+
+    summary = RunSummary(
+        base_model=base_name,
+        taskset=settings.taskset,
+        baseline_pass_at_1=baseline,
+        baseline_format_rate=baseline_format,
+        eval_tasks=len(held_out),
+        db_url=settings.db_url,
+    )
+    for _ in range(settings.rounds):
+        summary.rounds.append(
+            await _run_round(settings, server_url, Path(base_model_path), held_out, clock)
+        )
+    summary.wall_seconds = clock.seconds
+    return summary
+
+
+async def _run_round(
+    settings: RunSettings, server_url: str, base_model: Path, held_out: list[Task], clock: _Clock
+) -> RoundSummary:
+    logger = get_run_logger()
+    engine = _engine(settings.db_url)
+    with store.transaction(engine) as session:
+        round_index = store.next_round_index(session)
+        current = store.promoted_policy(session)
+    assert current is not None
+    stages: dict[str, float] = {}
+    tasks = train_tasks(settings.taskset, settings.tasks, seed=round_index, held_out=held_out)
+
+    started = time.monotonic()
+    groups = await collect(
+        settings, server_url, tasks, current.name, round_index, "train", settings.collect_settings()
+    )
+    stages["collect"] = clock.add("collect", started)
+    attempts = [a for g in groups for a in g.attempts]
+    result = RoundSummary(
+        round_index=round_index,
+        policy_version=None,
+        parent_version=current.name,
+        adapter_path=None,
+        rollouts=len(attempts),
+        successes=sum(a.correct for a in attempts),
+        train_tokens=0,
+        eval_pass_at_1=None,
+        eval_format_rate=None,
+        promoted=False,
+    )
+    logger.info("round %d: %d rollouts, %d correct", round_index, result.rollouts, result.successes)
+
+    name = f"policy-r{round_index}-{uuid.uuid4().hex[:6]}"
+    record = TrainingRound(
+        round_index=round_index,
+        method="grpo",
+        policy_in=current.name,
+        policy_out=None,
+        status="running",
+        hyperparameters=settings.train.model_dump(),
+    )
+    with store.transaction(engine) as session:
+        store.save_training_round(session, record)
+    started = time.monotonic()
+    try:
+        trained = train(settings, [g for g in groups if g.complete], base_model, current, name)
+    except TrainerError as exc:
+        stages["train"] = clock.add("train", started)
+        logger.warning("round %d skipped: %s", round_index, exc)
+        with store.transaction(engine) as session:
+            store.save_training_round(
+                session,
+                record.model_copy(update={"status": "skipped", "metrics": {"reason": str(exc)}}),
+            )
+        return result.model_copy(update={"note": str(exc), "wall_seconds": stages})
+    stages["train"] = clock.add("train", started)
+    version = PolicyVersion(
+        name=name,
+        base_model=current.base_model,
+        parent=current.name,
+        adapter_path=trained.adapter_path,
+        round_index=round_index,
+    )
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, version)
+
+    started = time.monotonic()
+    swap(server_url, name, trained.adapter_path)
+    stages["swap"] = clock.add("swap", started)
+
+    started = time.monotonic()
+    pass_at_1, format_rate = await _evaluate(settings, server_url, held_out, version)
+    stages["evaluate"] = clock.add("evaluate", started)
+    promoted = pass_at_1 >= (current.eval_pass_at_1 or 0.0)
+    logger.info(
+        "round %d: %s held-out pass@1 %.3f vs %s %.3f -> %s",
+        round_index,
+        name,
+        pass_at_1,
+        current.name,
+        current.eval_pass_at_1 or 0.0,
+        "promoted" if promoted else "kept old version",
+    )
+    with store.transaction(engine) as session:
+        store.record_evaluation(session, name, pass_at_1, promoted)
+        store.save_training_round(
+            session,
+            record.model_copy(
+                update={
+                    "policy_out": name,
+                    "status": "done",
+                    "metrics": {**trained.model_dump(), "eval_pass_at_1": pass_at_1},
+                }
+            ),
+        )
+    return result.model_copy(
+        update={
+            "policy_version": name,
+            "adapter_path": trained.adapter_path,
+            "train_tokens": trained.train_tokens,
+            "eval_pass_at_1": pass_at_1,
+            "eval_format_rate": format_rate,
+            "promoted": promoted,
+            "wall_seconds": stages,
+        }
+    )

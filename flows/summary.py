@@ -1,0 +1,94 @@
+"""The `flywheel run` summary (the JSON contract in the README) and its before/after table."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class RoundSummary(BaseModel):
+    round_index: int
+    policy_version: str | None
+    parent_version: str
+    adapter_path: str | None
+    rollouts: int
+    successes: int
+    train_tokens: int
+    eval_pass_at_1: float | None
+    eval_format_rate: float | None
+    promoted: bool
+    note: str = ""
+    wall_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+class RunSummary(BaseModel):
+    base_model: str
+    taskset: str
+    baseline_pass_at_1: float
+    baseline_format_rate: float
+    eval_tasks: int
+    db_url: str
+    rounds: list[RoundSummary] = Field(default_factory=list)
+    wall_seconds: dict[str, float] = Field(default_factory=dict)
+
+
+def format_table(summary: RunSummary) -> str:
+    header = (
+        "round",
+        "version",
+        "rollouts",
+        "successes",
+        "train tok",
+        "pass@1",
+        "format",
+        "promoted",
+    )
+    rows = [
+        (
+            "base",
+            summary.base_model,
+            "-",
+            "-",
+            "-",
+            f"{summary.baseline_pass_at_1:.3f}",
+            f"{summary.baseline_format_rate:.2f}",
+            "-",
+        )
+    ]
+    for r in summary.rounds:
+        rows.append(
+            (
+                str(r.round_index),
+                r.policy_version or "(none)",
+                str(r.rollouts),
+                str(r.successes),
+                str(r.train_tokens),
+                _fmt(r.eval_pass_at_1, 3),
+                _fmt(r.eval_format_rate, 2),
+                "yes" if r.promoted else "no",
+            )
+        )
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"held-out: {summary.eval_tasks} {summary.taskset} tasks, greedy, no guidance")
+    lines.append(_verdict(summary))
+    return "\n".join(lines)
+
+
+def _verdict(summary: RunSummary) -> str:
+    scored = [r for r in summary.rounds if r.eval_pass_at_1 is not None]
+    if not scored:
+        return "no round produced a new version."
+    best = max(r.eval_pass_at_1 or 0.0 for r in scored)
+    base = summary.baseline_pass_at_1
+    if best > base:
+        return f"improved: best held-out pass@1 {best:.3f} vs base {base:.3f}."
+    return f"not improved: best held-out pass@1 {best:.3f} vs base {base:.3f}."
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"

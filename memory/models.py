@@ -1,0 +1,99 @@
+"""SQLAlchemy tables. The schema itself is created by the Alembic migrations in `migrations/`.
+
+Natural keys carry unique constraints so that every write is an idempotent upsert: a group is
+(round, purpose, task, policy version); an attempt is (group, sample index, kind).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import UniqueConstraint as Unique
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class PolicyVersionRow(Base):
+    __tablename__ = "policy_version"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    base_model: Mapped[str] = mapped_column(String(500))
+    parent: Mapped[str | None] = mapped_column(String(200))
+    adapter_path: Mapped[str | None] = mapped_column(Text)
+    round_index: Mapped[int] = mapped_column(Integer, default=0)
+    promoted: Mapped[bool] = mapped_column(Boolean, default=False)
+    eval_pass_at_1: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class TrainingRoundRow(Base):
+    __tablename__ = "training_round"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_index: Mapped[int] = mapped_column(Integer, unique=True)
+    method: Mapped[str] = mapped_column(String(50))
+    policy_in: Mapped[str] = mapped_column(String(200))
+    policy_out: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20))
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class RolloutGroupRow(Base):
+    __tablename__ = "rollout_group"
+    __table_args__ = (Unique("round_index", "purpose", "task_id", "policy_version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_index: Mapped[int] = mapped_column(Integer, index=True)
+    purpose: Mapped[str] = mapped_column(String(20))
+    task_id: Mapped[str] = mapped_column(String(200))
+    taskset: Mapped[str] = mapped_column(String(100))
+    question: Mapped[str] = mapped_column(Text)
+    policy_version: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(Integer)
+    complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    reward_mean: Mapped[float | None] = mapped_column(Float)
+    reward_std: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+    attempts: Mapped[list[AttemptRow]] = relationship(
+        back_populates="group", order_by="AttemptRow.sample_index"
+    )
+
+
+class AttemptRow(Base):
+    __tablename__ = "attempt"
+    __table_args__ = (Unique("group_id", "sample_index", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(ForeignKey("rollout_group.id", ondelete="CASCADE"))
+    sample_index: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(30))
+    policy_version: Mapped[str] = mapped_column(String(200))
+    messages: Mapped[list[Any]] = mapped_column()
+    sampling: Mapped[dict[str, Any]] = mapped_column()
+    completion: Mapped[str | None] = mapped_column(Text)
+    prompt_token_ids: Mapped[list[Any] | None] = mapped_column()
+    completion_token_ids: Mapped[list[Any] | None] = mapped_column()
+    logprobs: Mapped[list[Any] | None] = mapped_column()
+    finish_reason: Mapped[str | None] = mapped_column(String(30))
+    reward: Mapped[float] = mapped_column(Float)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    format_ok: Mapped[bool] = mapped_column(Boolean)
+    answer: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+    group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")

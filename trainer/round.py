@@ -1,0 +1,229 @@
+"""One training round: stored groups in, a published LoRA checkpoint out.
+
+1. Rows are built from complete groups on the sampled token ids (`trainer.dataset`).
+2. `PolicyGradientTrainer` is TRL's `SFTTrainer` (LoRA wiring, fused per-token log-probs, the
+   training loop) with the loss swapped for a policy gradient:
+   L = -mean_tokens(A * w * log pi), w = min(exp(log pi - log mu), cap) detached: truncated
+   importance sampling against the behaviour logprobs mu, since samples may come from an older
+   version or another temperature.
+3. A new round continues from its parent's adapter when there is one, otherwise starts LoRA on
+   the base model. The adapter is published atomically; a LoRA that binds no module, or whose
+   weights did not move, fails the round loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+
+from memory.records import Group
+from trainer import checkpoint
+from trainer.dataset import IGNORE, TrainRow, build_rows
+from trainer.errors import TrainerError
+
+log = logging.getLogger(__name__)
+
+
+class TrainSettings(BaseModel):
+    """Hyperparameters of a round. Defaults are sized for SmolLM2-135M on 2 CPU cores."""
+
+    model_config = ConfigDict(frozen=True)
+
+    learning_rate: float = 1e-4
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    epochs: int = 2
+    batch_size: int = 8
+    max_length: int = 512
+    is_cap: float = 2.0
+    seed: int = 0
+    device: str = "auto"
+
+
+class RoundResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    adapter_path: str
+    rows: int
+    train_tokens: int
+    loss_first: float | None
+    loss_last: float | None
+    seconds: float
+
+
+class PolicyGradientTrainer(SFTTrainer):
+    """SFTTrainer with an advantage-weighted, importance-corrected policy-gradient loss."""
+
+    def __init__(self, *args: Any, is_cap: float = 2.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.is_cap = is_cap
+
+    def compute_loss(
+        self,
+        model: Any,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        advantages = inputs.pop("advantages")
+        behaviour = inputs.pop("behaviour_logprobs")
+        outputs = model(**inputs, use_cache=False, fused_lm_head=True)
+        # The fused head scores next tokens: position t holds log pi(token t+1 | tokens <= t).
+        logp = outputs.log_probs
+        mask = (inputs["labels"][:, 1:] != IGNORE).float()
+        advantages, behaviour = advantages[:, 1:], behaviour[:, 1:]
+        weight = torch.exp(logp.detach() - behaviour).clamp(max=self.is_cap)
+        per_token = -advantages * weight * logp * mask
+        loss = per_token.sum() / mask.sum().clamp(min=1.0)
+        return (loss, outputs) if return_outputs else loss
+
+
+def train_round(
+    groups: list[Group],
+    *,
+    base_model: Path,
+    parent_adapter: Path | None,
+    checkpoint_root: Path,
+    name: str,
+    settings: TrainSettings,
+) -> RoundResult:
+    """Train on `groups` and publish the adapter as `checkpoint_root/name`."""
+    started = time.monotonic()
+    rows = build_rows(groups, settings.max_length)
+    if not rows:
+        raise TrainerError("no trainable rows: every group lacked reward variance")
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    model = _load_policy(base_model, parent_adapter, settings)
+    with tempfile.TemporaryDirectory(prefix="flywheel-trainer-") as scratch:
+        trainer = PolicyGradientTrainer(
+            model=model,
+            args=_config(settings, scratch),
+            train_dataset=_dataset(rows),
+            data_collator=_Collator(pad_id=tokenizer.pad_token_id or 0),
+            processing_class=tokenizer,
+            peft_config=None if parent_adapter else _lora_config(settings),
+            is_cap=settings.is_cap,
+        )
+        before = _lora_snapshot(trainer.model)
+        trainer.train()
+        _check_moved(before, _lora_snapshot(trainer.model))
+        staging = checkpoint.staging_dir(checkpoint_root, name)
+        trainer.model.save_pretrained(staging)
+    path = checkpoint.publish(staging, checkpoint_root, name)
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return RoundResult(
+        adapter_path=str(path),
+        rows=len(rows),
+        train_tokens=sum(row.trained_tokens for row in rows),
+        loss_first=losses[0] if losses else None,
+        loss_last=losses[-1] if losses else None,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _load_policy(base_model: Path, parent_adapter: Path | None, settings: TrainSettings) -> Any:
+    from peft import PeftModel
+
+    dtype = torch.bfloat16 if _device(settings) == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+    if parent_adapter is None:
+        return model
+    if not checkpoint.is_complete(parent_adapter):
+        raise TrainerError(f"parent adapter {parent_adapter} is not a complete checkpoint")
+    return PeftModel.from_pretrained(model, parent_adapter, is_trainable=True)
+
+
+def _lora_config(settings: TrainSettings) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        target_modules="all-linear",
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _config(settings: TrainSettings, output_dir: str) -> SFTConfig:
+    on_gpu = _device(settings) == "cuda"
+    return SFTConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=settings.batch_size,
+        num_train_epochs=settings.epochs,
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        bf16=on_gpu,
+        gradient_checkpointing=False,
+        use_cpu=not on_gpu,
+        remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+        max_length=None,
+        seed=settings.seed,
+        disable_tqdm=True,
+    )
+
+
+def _device(settings: TrainSettings) -> str:
+    if settings.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return settings.device
+
+
+def _dataset(rows: list[TrainRow]) -> Any:
+    from datasets import Dataset
+
+    return Dataset.from_list([row.model_dump() for row in rows])
+
+
+class _Collator:
+    """Right-pads a batch of rows; padding carries no label, advantage or behaviour logprob."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        width = max(len(f["input_ids"]) for f in features)
+
+        def pad(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(
+                [f[key] + [value] * (width - len(f[key])) for f in features], dtype=dtype
+            )
+
+        lengths = torch.tensor([len(f["input_ids"]) for f in features])
+        return {
+            "input_ids": pad("input_ids", self.pad_id, torch.long),
+            "attention_mask": (torch.arange(width)[None, :] < lengths[:, None]).long(),
+            "labels": pad("labels", IGNORE, torch.long),
+            "advantages": pad("advantages", 0.0, torch.float32),
+            "behaviour_logprobs": pad("behaviour_logprobs", 0.0, torch.float32),
+        }
+
+
+def _lora_snapshot(model: Any) -> dict[str, torch.Tensor]:
+    return {
+        name: param.detach().clone()
+        for name, param in model.named_parameters()
+        if "lora_" in name and param.requires_grad
+    }
+
+
+def _check_moved(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> None:
+    if not before:
+        raise TrainerError("the LoRA bound no module: nothing would be trained")
+    moved = sum(not torch.equal(before[name], after[name]) for name in before)
+    if moved == 0:
+        raise TrainerError("no LoRA weight changed during the round")
+    log.info("%d of %d LoRA tensors changed", moved, len(before))

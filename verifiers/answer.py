@@ -1,0 +1,50 @@
+"""Answer extraction that resists format hacks.
+
+1. Exactly one `<answer>...</answer>` pair with non-empty content is a formatted answer.
+2. Several answer tags, an empty pair, or an unbalanced tag earn nothing: a model must not be
+   able to collect reward by listing candidates or by emitting the tags alone.
+3. With no tags at all, the last number in the text is taken as an unformatted answer, so that
+   correctness can be measured on a model that has not learned the format yet.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+OPEN_TAG = re.compile(r"<answer>", re.IGNORECASE)
+CLOSE_TAG = re.compile(r"</answer>", re.IGNORECASE)
+TAGGED = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class Extraction(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    answer: str | None
+    format_ok: bool
+    reason: str
+
+
+def extract_answer(text: str) -> Extraction:
+    text = text.replace("\x00", "")
+    opens, closes = len(OPEN_TAG.findall(text)), len(CLOSE_TAG.findall(text))
+    if opens == 0 and closes == 0:
+        return _last_number(text)
+    if opens > 1 or closes > 1:
+        return Extraction(answer=None, format_ok=False, reason="multiple answer tags")
+    match = TAGGED.search(text)
+    if match is None:
+        return Extraction(answer=None, format_ok=False, reason="unbalanced answer tag")
+    content = match.group(1).strip()
+    if not content:
+        return Extraction(answer=None, format_ok=False, reason="empty answer")
+    return Extraction(answer=content, format_ok=True, reason="tagged answer")
+
+
+def _last_number(text: str) -> Extraction:
+    numbers = NUMBER.findall(text)
+    if not numbers:
+        return Extraction(answer=None, format_ok=False, reason="no answer")
+    return Extraction(answer=numbers[-1], format_ok=False, reason="last number (untagged)")

@@ -1,0 +1,106 @@
+"""Reasoning-gym task sets at a difficulty the base model sometimes solves.
+
+1. A task set is a named preset: a reasoning-gym generator and its difficulty config.
+2. Held-out (eval) tasks come from their own seed; train tasks are drawn from per-round seeds and
+   never include a question that is in the held-out set, so evaluation measures generalisation.
+3. `verify` scores a completion with reasoning-gym's own scorer behind `extract_answer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import reasoning_gym
+
+from verifiers.answer import extract_answer
+from verifiers.errors import VerifierError
+from verifiers.task import Split, Task
+from verifiers.verdict import Verdict
+
+UNFORMATTED_CREDIT = 0.5
+EVAL_SEED = 1_000_003
+
+
+@dataclass(frozen=True)
+class Preset:
+    generator: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "arithmetic": Preset(
+        "basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    ),
+    "chain_sum": Preset(
+        "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+    ),
+}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise VerifierError(f"unknown task set {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def eval_tasks(name: str, count: int) -> list[Task]:
+    """The held-out tasks of a task set: fixed by name and count, never trained on."""
+    return _unique_tasks(name, "eval", count, seed=EVAL_SEED, exclude=set())
+
+
+def train_tasks(name: str, count: int, seed: int, held_out: Iterable[Task]) -> list[Task]:
+    """`count` distinct train tasks from `seed`, none of whose questions is held out."""
+    exclude = {task.question for task in held_out}
+    return _unique_tasks(name, "train", count, seed=seed, exclude=exclude)
+
+
+def verify(task: Task, completion: str) -> Verdict:
+    extraction = extract_answer(completion)
+    if extraction.answer is None:
+        return Verdict(
+            reward=0.0, correct=False, format_ok=False, answer=None, reason=extraction.reason
+        )
+    dataset = _dataset(task.taskset, size=1, seed=0)
+    entry = {"question": task.question, "answer": task.answer, "metadata": {}}
+    correct = dataset.score_answer(extraction.answer, entry) >= 1.0
+    reward = (1.0 if extraction.format_ok else UNFORMATTED_CREDIT) if correct else 0.0
+    return Verdict(
+        reward=reward,
+        correct=correct,
+        format_ok=extraction.format_ok,
+        answer=extraction.answer,
+        reason=("correct" if correct else "wrong") + f", {extraction.reason}",
+    )
+
+
+def _unique_tasks(name: str, split: Split, count: int, seed: int, exclude: set[str]) -> list[Task]:
+    if count < 1:
+        raise VerifierError(f"task count must be at least 1, got {count}")
+    tasks: dict[str, Task] = {}
+    pool = _dataset(name, size=count * 8, seed=seed)
+    for entry in pool:
+        question = entry["question"]
+        if question in exclude or question in tasks:
+            continue
+        tasks[question] = Task(
+            task_id=_task_id(name, question),
+            taskset=name,
+            split=split,
+            question=question,
+            answer=str(entry["answer"]),
+        )
+        if len(tasks) == count:
+            return list(tasks.values())
+    raise VerifierError(f"task set {name!r} has fewer than {count} distinct {split} tasks")
+
+
+def _dataset(name: str, size: int, seed: int) -> Any:
+    chosen = preset(name)
+    return reasoning_gym.create_dataset(chosen.generator, size=size, seed=seed, **chosen.config)
+
+
+def _task_id(name: str, question: str) -> str:
+    return f"{name}:{hashlib.sha256(question.encode()).hexdigest()[:16]}"

@@ -23,13 +23,14 @@ DEFAULT_SERVER_PYTHON = Path(".venv-serving/bin/python")
 def main(argv: list[str] | None = None) -> int:
     # A training process next to the model server must not spin on OpenMP waits; set before torch.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "alembic"):
+    for noisy in ("httpx", "httpx2", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.handler(args) or 0)

@@ -38,9 +38,9 @@ def open_store(url: str) -> Engine:
         raise StoreError(f"invalid database URL {url!r}") from exc
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         raise StoreError(f"unsupported database {parsed.get_backend_name()!r} (sqlite, postgresql)")
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     try:
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, pool_pre_ping=True)
         if engine.dialect.name == "sqlite":
             event.listen(engine, "connect", _sqlite_pragmas)

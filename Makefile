@@ -1,0 +1,46 @@
+# The two commands: `make run` (the main job) and `make test` (the suite; .ci/run calls it).
+# Both install what is missing first: the application's environment (.venv), the model server's
+# environment (.venv-serving, vLLM for CPU), and the SmolLM2 model folder (.flywheel/models).
+
+PYTHON ?= python3
+VENV := .venv
+SERVING := .venv-serving
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test setup model lint clean
+
+run: model
+	$(VENV)/bin/flywheel run --summary-json .flywheel/summary.json $(ARGS)
+
+test: model
+	$(VENV)/bin/flywheel prepare-model --model tiny
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+setup: $(VENV)/.installed $(SERVING)/.installed
+
+model: setup
+	$(VENV)/bin/flywheel prepare-model
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+# vLLM pins versions that conflict with Prefect's, so the server has an environment of its own.
+# PyPI's torchvision does not import next to the CPU torch, and text models do not need it.
+$(SERVING)/.installed: serving/requirements-cpu.txt
+	$(PYTHON) -m venv $(SERVING)
+	$(SERVING)/bin/pip install --quiet --upgrade pip
+	$(SERVING)/bin/pip install --quiet -r serving/requirements-cpu.txt
+	$(SERVING)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+clean:
+	rm -rf $(VENV) $(SERVING) .flywheel

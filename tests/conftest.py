@@ -1,0 +1,128 @@
+"""Shared fixtures: databases (SQLite, and PostgreSQL when FLYWHEEL_TEST_PG_URL is set), the model
+folders, and one real vLLM server per test session serving the tiny model."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from memory.records import Attempt, Group, Sample, SamplingSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKDIR = ROOT / ".flywheel"
+SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
+
+
+def _require(env: str, reason: str) -> None:
+    if os.environ.get(env):
+        pytest.fail(f"{reason} ({env} is set, so this may not be skipped)")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    admin_url = os.environ.get("FLYWHEEL_TEST_PG_URL")
+    if not admin_url:
+        _require("FLYWHEEL_REQUIRE_PG", "no PostgreSQL (set FLYWHEEL_TEST_PG_URL)")
+    name = f"flywheel_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from serving.model import prepare_smollm2
+
+    return prepare_smollm2(WORKDIR / "models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(smollm2_path: Path) -> Path:
+    from serving.model import prepare_tiny_llama
+
+    return prepare_tiny_llama(WORKDIR / "models", smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real vLLM server for the whole session (start-up dominates: about a minute)."""
+    if not SERVER_PYTHON.is_file():
+        _require("FLYWHEEL_REQUIRE_VLLM", "no model server environment (run `make setup`)")
+    from serving.server import ServerSettings, VllmServer
+
+    settings = ServerSettings(
+        python=SERVER_PYTHON,
+        model_path=tiny_model_path,
+        served_name=tiny_model_path.name,
+        port=free_port(),
+        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+    )
+    with VllmServer(settings) as server:
+        yield server.url
+
+
+def make_group(
+    rewards: list[float],
+    *,
+    task_id: str = "t1",
+    round_index: int = 1,
+    prompt: list[int] | None = None,
+    completion_len: int = 5,
+) -> Group:
+    """A complete group with hand-set rewards, for store and trainer tests."""
+    prompt = prompt or [1, 2, 3]
+    attempts = [
+        Attempt(
+            sample_index=i,
+            policy_version="base",
+            messages=[{"role": "user", "content": "q"}],
+            sampling=SamplingSettings(temperature=1.0, max_tokens=16),
+            sample=Sample(
+                text=f"answer {i}",
+                prompt_token_ids=prompt,
+                completion_token_ids=[100 + i + k for k in range(completion_len)],
+                logprobs=[-1.0] * completion_len,
+                finish_reason="stop",
+            ),
+            reward=reward,
+            correct=reward > 0,
+            format_ok=True,
+            answer=str(i),
+            reason="test",
+        )
+        for i, reward in enumerate(rewards)
+    ]
+    return Group(
+        round_index=round_index,
+        purpose="train",
+        task_id=task_id,
+        taskset="arithmetic",
+        question="q",
+        policy_version="base",
+        size=len(rewards),
+        attempts=attempts,
+    )

@@ -1,0 +1,25 @@
+import pytest
+
+from verifiers.answer import extract_answer
+
+
+@pytest.mark.parametrize(
+    ("text", "answer", "format_ok"),
+    [
+        ("so <answer>42</answer>", "42", True),
+        ("<ANSWER> -7 </ANSWER>", "-7", True),
+        ("it is 12, no wait 13", "13", False),
+        ("<answer></answer>", None, False),
+        ("<answer>   </answer> 5", None, False),
+        ("<answer>1</answer><answer>2</answer>", None, False),
+        ("<answer>1 <answer>2</answer>", None, False),
+        ("<answer>12", None, False),
+        ("12</answer>", None, False),
+        ("no digits here", None, False),
+        ("\x00<answer>3</answer>\x00", "3", True),
+    ],
+)
+def test_extraction_resists_format_hacks(text: str, answer: str | None, format_ok: bool) -> None:
+    result = extract_answer(text)
+    assert result.answer == answer
+    assert result.format_ok is format_ok

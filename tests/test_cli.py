@@ -1,0 +1,66 @@
+"""The CLI contract: --help everywhere, one-line errors with a non-zero exit on bad input."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["prepare-model"]])
+def test_help(command: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *command, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0
+    assert "usage: flywheel" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--taskset", "nope"], "unknown task set 'nope'"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--group-size", "1"], "--group-size must be at least 2"),
+        (["--db", "mysql://x@h/db"], "unsupported database 'mysql'"),
+        (["--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "cannot open database"),
+        (["--model", "/no/such/folder"], "neither smollm2 nor tiny nor a model folder"),
+    ],
+)
+def test_bad_input_is_one_line(args, message, tmp_path: Path, capsys) -> None:
+    code = main(["run", "--workdir", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("flywheel: error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_port_taken_is_one_line(tiny_model_path: Path, tmp_path: Path, capsys) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        code = main(
+            [
+                "run",
+                "--workdir",
+                str(tmp_path),
+                "--model",
+                str(tiny_model_path),
+                "--server-python",
+                sys.executable,
+                "--port",
+                str(port),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in err

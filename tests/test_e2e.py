@@ -1,0 +1,204 @@
+"""End to end against a real vLLM server.
+
+The tiny random model (marker `vllm`) checks the mechanics in about two minutes: collection with
+sampled token ids and logprobs, storage, training on those ids, hot-loading the adapter under a
+versioned name. The real SmolLM2 model (marker `slow`) runs one whole round through the CLI,
+starting its own server.
+"""
+
+import json
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from agents.collector import CollectSettings, collect_groups
+from agents.policy import PolicyClient
+from flows.cli import main
+from memory import store
+from serving.adapters import load_adapter, loaded_models
+from tests.conftest import free_port
+from trainer import checkpoint
+from trainer.round import TrainSettings, train_round
+from verifiers.reasoning import eval_tasks
+
+pytestmark = pytest.mark.vllm
+
+
+def collect(url: str, model: str, n_tasks: int, group_size: int) -> list:
+    async def run():
+        client = PolicyClient(url)
+        try:
+            return await collect_groups(
+                client,
+                eval_tasks("arithmetic", n_tasks),
+                model=model,
+                round_index=1,
+                purpose="train",
+                settings=CollectSettings(group_size=group_size, max_tokens=16),
+                limiter=anyio.CapacityLimiter(16),
+                on_group=lambda g: None,
+            )
+        finally:
+            await client.aclose()
+
+    return anyio.run(run)
+
+
+def test_sampled_tokens_train_an_adapter_that_vllm_serves(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    groups = collect(tiny_server, tiny_model_path.name, n_tasks=2, group_size=2)
+    for group in groups:
+        assert group.complete
+        for attempt in group.attempts:
+            sample = attempt.sample
+            assert sample is not None and sample.prompt_token_ids
+            assert len(sample.completion_token_ids) == len(sample.logprobs) > 0
+            assert all(lp <= 0.0 for lp in sample.logprobs)
+    # A random model never answers correctly: give the groups a reward spread by hand.
+    graded = [
+        g.model_copy(
+            update={
+                "attempts": [
+                    a.model_copy(update={"reward": float(a.sample_index == 0)}) for a in g.attempts
+                ]
+            }
+        )
+        for g in groups
+    ]
+    result = train_round(
+        graded,
+        base_model=tiny_model_path,
+        parent_adapter=None,
+        checkpoint_root=tmp_path,
+        name="policy-r1-test",
+        settings=TrainSettings(epochs=1, batch_size=4),
+    )
+    assert result.train_tokens == sum(
+        len(a.sample.completion_token_ids) for g in groups for a in g.attempts
+    )
+    load_adapter(tiny_server, "policy-r1-test", Path(result.adapter_path))
+    assert "policy-r1-test" in loaded_models(tiny_server)
+    served = collect(tiny_server, "policy-r1-test", n_tasks=1, group_size=1)
+    assert served[0].attempts[0].policy_version == "policy-r1-test"
+    assert served[0].attempts[0].sample is not None
+
+
+def test_reloading_a_name_or_an_incomplete_checkpoint_is_refused(
+    tiny_server: str, tmp_path: Path
+) -> None:
+    from serving.errors import ServingError
+
+    with pytest.raises(ServingError, match="not a complete checkpoint"):
+        load_adapter(tiny_server, "policy-x", tmp_path)
+    with pytest.raises(ServingError, match="already loaded"):
+        load_adapter(tiny_server, tiny_server_model(tiny_server), _fake_complete(tmp_path))
+
+
+def test_one_round_through_the_cli(tiny_server: str, tiny_model_path: Path, tmp_path: Path):
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    summary_path = tmp_path / "summary.json"
+    code = main(
+        [
+            "run",
+            "--rounds",
+            "1",
+            "--tasks",
+            "3",
+            "--group-size",
+            "2",
+            "--eval-tasks",
+            "4",
+            "--db",
+            db,
+            "--workdir",
+            str(tmp_path),
+            "--model",
+            str(tiny_model_path),
+            "--server-url",
+            tiny_server,
+            "--summary-json",
+            str(summary_path),
+        ]
+    )
+    assert code == 0
+    summary = json.loads(summary_path.read_text())
+    assert summary["db_url"] == db
+    assert summary["baseline_pass_at_1"] == 0.0
+    (round_,) = summary["rounds"]
+    assert round_["rollouts"] == 6
+    assert set(summary["wall_seconds"]) >= {"collect", "train", "evaluate", "total"}
+    engine = store.open_store(db)
+    with store.transaction(engine) as session:
+        train_groups = store.load_groups(session, "train", round_index=1)
+        eval_groups = store.load_groups(session, "eval")
+    assert len(train_groups) == 3 and len(eval_groups) == 4
+    assert all(
+        a.policy_version == tiny_model_path.name and a.sample is not None
+        for g in train_groups
+        for a in g.attempts
+    )
+    if round_["policy_version"] is None:
+        assert "no trainable rows" in round_["note"]
+    else:
+        assert round_["policy_version"] in loaded_models(tiny_server)
+
+
+def tiny_server_model(url: str) -> str:
+    return httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+
+
+def _fake_complete(tmp_path: Path) -> Path:
+    folder = tmp_path / "complete"
+    folder.mkdir()
+    (folder / checkpoint.MARKER).write_text("ok\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_real_model_round_end_to_end(smollm2_path: Path, tmp_path: Path) -> None:
+    from tests.conftest import SERVER_PYTHON
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    summary_path = tmp_path / "summary.json"
+    code = main(
+        [
+            "run",
+            "--rounds",
+            "1",
+            "--tasks",
+            "8",
+            "--group-size",
+            "4",
+            "--eval-tasks",
+            "16",
+            "--db",
+            db,
+            "--workdir",
+            str(tmp_path),
+            "--model",
+            str(smollm2_path),
+            "--server-python",
+            str(SERVER_PYTHON),
+            "--port",
+            str(free_port()),
+            "--summary-json",
+            str(summary_path),
+        ]
+    )
+    assert code == 0
+    summary = json.loads(summary_path.read_text())
+    assert 0.0 < summary["baseline_pass_at_1"] < 1.0, "real generations, some right, some wrong"
+    (round_,) = summary["rounds"]
+    assert round_["rollouts"] == 32 and round_["successes"] > 0
+    assert round_["policy_version"].startswith("policy-r1-")
+    assert checkpoint.is_complete(Path(round_["adapter_path"]))
+    assert round_["train_tokens"] > 0 and round_["eval_pass_at_1"] is not None
+    engine = store.open_store(db)
+    with store.transaction(engine) as session:
+        version = store.policy_version(session, round_["policy_version"])
+        evals = store.load_groups(session, "eval", policy_version=version.name)
+    assert version.eval_pass_at_1 == round_["eval_pass_at_1"]
+    assert len(evals) == 16 and all(g.attempts[0].sample for g in evals)

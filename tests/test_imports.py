@@ -1,0 +1,50 @@
+"""Imports flow one way: flows -> {agents, trainer, serving} -> {memory, verifiers}."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWED = {
+    "flows": {"flows", "agents", "trainer", "serving", "memory", "verifiers"},
+    "agents": {"agents", "memory", "verifiers"},
+    "trainer": {"trainer", "memory", "verifiers"},
+    "serving": {"serving", "memory", "verifiers"},
+    "memory": {"memory"},
+    "verifiers": {"verifiers"},
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names & set(ALLOWED)
+
+
+def test_import_direction() -> None:
+    violations = []
+    for package, allowed in ALLOWED.items():
+        for path in (ROOT / package).rglob("*.py"):
+            bad = imported_packages(path) - allowed
+            if bad:
+                violations.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert violations == []
+
+
+def test_only_flows_imports_prefect() -> None:
+    for package in set(ALLOWED) - {"flows"}:
+        for path in (ROOT / package).rglob("*.py"):
+            assert "prefect" not in {n.split(".")[0] for n in _all_imports(path)}, path
+
+
+def _all_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names

@@ -1,0 +1,63 @@
+"""Server lifecycle failures, each a one-line `ServingError` (no vLLM needed)."""
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving.errors import ServingError
+from serving.server import ServerSettings, VllmServer, ensure_port_free
+
+
+def settings(tmp_path: Path, python: Path, port: int = 1) -> ServerSettings:
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    return ServerSettings(
+        python=python,
+        model_path=model,
+        served_name="m",
+        port=port,
+        startup_timeout_s=20,
+        log_path=tmp_path / "server.log",
+    )
+
+
+def test_port_taken_is_reported() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ServingError, match=f"port {port} on 127.0.0.1 is already in use"):
+            ensure_port_free("127.0.0.1", port)
+
+
+def test_missing_interpreter_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ServingError, match="interpreter .* not found"):
+        VllmServer(settings(tmp_path, tmp_path / "nope" / "python")).start()
+
+
+def test_server_that_dies_reports_its_log_tail(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'loading model'\necho 'CUDA out of memory' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    port = _free_port()
+    with pytest.raises(ServingError, match="exited with code 3.*CUDA out of memory"):
+        VllmServer(settings(tmp_path, fake, port)).start()
+
+
+def test_server_that_never_answers_times_out(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text(
+        f"#!/bin/sh\necho 'stuck'\nexec {sys.executable} -c 'import time; time.sleep(60)'\n"
+    )
+    fake.chmod(0o755)
+    s = settings(tmp_path, fake, _free_port()).model_copy(update={"startup_timeout_s": 2})
+    with pytest.raises(ServingError, match="did not become healthy in 2 s.*stuck"):
+        VllmServer(s).start()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,80 @@
+import pytest
+from sqlalchemy import func, select
+
+from memory import store
+from memory.errors import StoreError
+from memory.models import AttemptRow, RolloutGroupRow
+from memory.records import PolicyVersion, TrainingRound
+from tests.conftest import make_group
+
+
+def test_groups_round_trip_with_tokens_and_logprobs(db_url: str) -> None:
+    engine = store.open_store(db_url)
+    group = make_group([1.0, 0.0, 0.5])
+    with store.transaction(engine) as session:
+        store.save_group(session, group)
+    with store.transaction(engine) as session:
+        (loaded,) = store.load_groups(session, "train", round_index=1, complete_only=True)
+    assert loaded == group
+    assert loaded.attempts[0].sample is not None
+    assert loaded.attempts[0].sample.completion_token_ids == [100, 101, 102, 103, 104]
+    assert loaded.attempts[0].sample.logprobs == [-1.0] * 5
+
+
+def test_saving_twice_writes_once(db_url: str) -> None:
+    engine = store.open_store(db_url)
+    group = make_group([1.0, 0.0])
+    for _ in range(2):
+        with store.transaction(engine) as session:
+            store.save_group(session, group)
+    with store.transaction(engine) as session:
+        assert session.scalar(select(func.count()).select_from(RolloutGroupRow)) == 1
+        assert session.scalar(select(func.count()).select_from(AttemptRow)) == 2
+
+
+def test_failed_attempts_make_a_group_incomplete(db_url: str) -> None:
+    engine = store.open_store(db_url)
+    group = make_group([1.0, 0.0])
+    failed = group.attempts[1].model_copy(update={"sample": None, "error": "timeout"})
+    with store.transaction(engine) as session:
+        store.save_group(
+            session, group.model_copy(update={"attempts": [group.attempts[0], failed]})
+        )
+    with store.transaction(engine) as session:
+        assert store.load_groups(session, "train", complete_only=True) == []
+        (stored,) = store.load_groups(session, "train")
+    assert stored.attempts[1].error == "timeout"
+
+
+def test_promotion_and_round_bookkeeping(db_url: str) -> None:
+    engine = store.open_store(db_url)
+    with store.transaction(engine) as session:
+        assert store.next_round_index(session) == 1
+        store.save_policy_version(session, PolicyVersion(name="base", base_model="m"))
+        store.record_evaluation(session, "base", 0.2, promoted=True)
+        store.save_policy_version(
+            session, PolicyVersion(name="p1", base_model="m", parent="base", round_index=1)
+        )
+        store.record_evaluation(session, "p1", 0.1, promoted=False)
+        running = TrainingRound(
+            round_index=1, method="grpo", policy_in="base", policy_out=None, status="running"
+        )
+        store.save_training_round(session, running)
+    with store.transaction(engine) as session:
+        assert store.promoted_policy(session).name == "base"
+        assert store.next_round_index(session) == 1, "an unfinished round is resumed"
+        store.save_training_round(session, running.model_copy(update={"status": "done"}))
+        assert store.next_round_index(session) == 2
+
+
+def test_bad_urls_fail_with_one_line(tmp_path) -> None:
+    with pytest.raises(StoreError, match="invalid database URL"):
+        store.open_store("not a url")
+    with pytest.raises(StoreError, match="unsupported database 'mysql'"):
+        store.open_store("mysql://x@localhost/db")
+    with pytest.raises(StoreError, match="cannot open database"):
+        store.open_store("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StoreError):
+        store.open_store(f"sqlite:///{blocker}/sub/db.sqlite")

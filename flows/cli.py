@@ -49,11 +49,34 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run flywheel rounds: collect, train, swap, evaluate")
-    run.add_argument("--rounds", type=int, default=2, help="flywheel rounds (default 2)")
-    run.add_argument("--tasks", type=int, default=16, help="train tasks per round (default 16)")
-    run.add_argument("--group-size", type=int, default=4, help="attempts per task (default 4)")
-    run.add_argument("--eval-tasks", type=int, default=64, help="held-out tasks (default 64)")
-    run.add_argument("--taskset", default="arithmetic", help="task set (default arithmetic)")
+    defaults = _run_defaults()
+    run.add_argument(
+        "--rounds",
+        type=int,
+        default=defaults["rounds"],
+        help="flywheel rounds (default %(default)s)",
+    )
+    run.add_argument(
+        "--tasks",
+        type=int,
+        default=defaults["tasks"],
+        help="train tasks per round (default %(default)s)",
+    )
+    run.add_argument(
+        "--group-size",
+        type=int,
+        default=defaults["group_size"],
+        help="attempts per task (default %(default)s)",
+    )
+    run.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=defaults["eval_tasks"],
+        help="held-out tasks (default %(default)s)",
+    )
+    run.add_argument(
+        "--taskset", default=defaults["taskset"], help="task set (default %(default)s)"
+    )
     run.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
     run.add_argument(
         "--workdir",
@@ -84,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
     prepare.set_defaults(handler=_prepare_model)
     return parser
+
+
+def _run_defaults() -> dict[str, Any]:
+    from flows.settings import RunSettings
+
+    return {name: field.default for name, field in RunSettings.model_fields.items()}
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
 from memory import store
 from memory.records import Group, GroupPurpose, PolicyVersion, TrainingRound
-from serving.adapters import load_adapter
+from serving.adapters import ensure_loaded, load_adapter
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
 from verifiers.reasoning import eval_tasks, train_tasks
@@ -189,6 +189,9 @@ async def _run_round(
         round_index = store.next_round_index(session)
         current = store.promoted_policy(session)
     assert current is not None
+    if current.adapter_path:
+        # A restarted server has none of the earlier adapters: serve the sampling policy first.
+        ensure_loaded(server_url, current.name, Path(current.adapter_path))
     stages: dict[str, float] = {}
     tasks = train_tasks(settings.taskset, settings.tasks, seed=round_index, held_out=held_out)
 

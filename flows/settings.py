@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.collector import CollectSettings
-from trainer.round import TrainSettings
+from trainer.settings import TrainSettings
 
 DEFAULT_WORKDIR = Path(".flywheel")
 
@@ -17,8 +17,8 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    rounds: int = Field(2, ge=1)
-    tasks: int = Field(16, ge=1, description="train tasks per round")
+    rounds: int = Field(3, ge=1)
+    tasks: int = Field(32, ge=1, description="train tasks per round")
     group_size: int = Field(4, ge=2)
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")
     taskset: str = "arithmetic"

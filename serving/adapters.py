@@ -52,6 +52,16 @@ def load_adapter(url: str, name: str, path: Path) -> None:
     log.info("adapter %s loaded from %s", name, path)
 
 
+def ensure_loaded(url: str, name: str, path: Path) -> bool:
+    """Serve `name` from `path` unless the server already has it (e.g. after a restart).
+
+    Returns whether a load happened."""
+    if name in loaded_models(url):
+        return False
+    load_adapter(url, name, path)
+    return True
+
+
 def unload_adapter(url: str, name: str) -> None:
     with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
         response = client.post("/v1/unload_lora_adapter", json={"lora_name": name})

@@ -54,6 +54,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def prefect_server() -> Iterator[None]:
+    """One temporary Prefect server for the flows of this session, stopped within it."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness():
+        yield
+
+
+@pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     from serving.model import prepare_smollm2
 

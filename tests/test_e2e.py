@@ -17,10 +17,11 @@ from agents.collector import CollectSettings, collect_groups
 from agents.policy import PolicyClient
 from flows.cli import main
 from memory import store
-from serving.adapters import load_adapter, loaded_models
+from serving.adapters import ensure_loaded, load_adapter, loaded_models
 from tests.conftest import free_port
 from trainer import checkpoint
-from trainer.round import TrainSettings, train_round
+from trainer.round import train_round
+from trainer.settings import TrainSettings
 from verifiers.reasoning import eval_tasks
 
 pytestmark = pytest.mark.vllm
@@ -81,6 +82,10 @@ def test_sampled_tokens_train_an_adapter_that_vllm_serves(
     )
     load_adapter(tiny_server, "policy-r1-test", Path(result.adapter_path))
     assert "policy-r1-test" in loaded_models(tiny_server)
+    adapter = Path(result.adapter_path)
+    assert not ensure_loaded(tiny_server, "policy-r1-test", adapter), "already served"
+    assert ensure_loaded(tiny_server, "policy-r1-restarted", adapter)
+    assert "policy-r1-restarted" in loaded_models(tiny_server)
     served = collect(tiny_server, "policy-r1-test", n_tasks=1, group_size=1)
     assert served[0].attempts[0].policy_version == "policy-r1-test"
     assert served[0].attempts[0].sample is not None
@@ -97,7 +102,9 @@ def test_reloading_a_name_or_an_incomplete_checkpoint_is_refused(
         load_adapter(tiny_server, tiny_server_model(tiny_server), _fake_complete(tmp_path))
 
 
-def test_one_round_through_the_cli(tiny_server: str, tiny_model_path: Path, tmp_path: Path):
+def test_one_round_through_the_cli(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     summary_path = tmp_path / "summary.json"
     code = main(
@@ -158,7 +165,9 @@ def _fake_complete(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_real_model_round_end_to_end(smollm2_path: Path, tmp_path: Path) -> None:
+def test_real_model_round_end_to_end(
+    smollm2_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
     from tests.conftest import SERVER_PYTHON
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"

@@ -7,7 +7,8 @@ import pytest
 from tests.conftest import make_group
 from trainer import checkpoint
 from trainer.errors import TrainerError
-from trainer.round import TrainSettings, train_round
+from trainer.round import train_round
+from trainer.settings import TrainSettings
 
 FAST = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-3)
 

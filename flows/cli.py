@@ -102,11 +102,127 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--summary-json", type=Path, default=None, help="write the summary here")
     run.set_defaults(handler=_run)
 
+    gateway = commands.add_parser(
+        "gateway", help="serve the OpenAI-compatible gateway in front of vLLM servers"
+    )
+    gateway.add_argument(
+        "--upstream", action="append", required=True, help="a vLLM server URL (repeat for several)"
+    )
+    gateway.add_argument("--host", default="127.0.0.1")
+    gateway.add_argument("--port", type=int, default=8000)
+    gateway.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
+    gateway.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    gateway.add_argument("--model", default="smollm2", help="the base model the upstreams serve")
+    gateway.add_argument("--alias", default="policy", help="stable model name (default policy)")
+    gateway.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.0,
+        help="held-out pass@1 gain over the serving version needed to promote",
+    )
+    gateway.set_defaults(handler=_gateway)
+
+    promote = commands.add_parser("promote", help="point the alias at a version (gated)")
+    promote.add_argument("version")
+    promote.add_argument("--force", action="store_true", help="skip the evaluation gate")
+    promote.add_argument("--min-gain", type=float, default=0.0)
+    _store_arguments(promote)
+    promote.set_defaults(handler=_promote)
+
+    rollback = commands.add_parser("rollback", help="point the alias back at the previous version")
+    _store_arguments(rollback)
+    rollback.set_defaults(handler=_rollback)
+
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
     prepare.add_argument("--model", default="smollm2", choices=MODELS)
     prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
     prepare.set_defaults(handler=_prepare_model)
     return parser
+
+
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
+    parser.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    parser.add_argument(
+        "--gateway-url",
+        default=None,
+        help="also tell this running gateway (admin key from FLYWHEEL_ADMIN_KEY)",
+    )
+
+
+def _db_url(args: argparse.Namespace) -> str:
+    return args.db or f"sqlite:///{args.workdir}/flywheel.db"
+
+
+def _keys(variable: str) -> frozenset[str]:
+    return frozenset(k.strip() for k in os.environ.get(variable, "").split(",") if k.strip())
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from memory.store import open_store
+    from serving.gateway import GatewaySettings, create_app
+    from serving.promotion import Gate
+
+    admin_keys = _keys("FLYWHEEL_ADMIN_KEYS")
+    if not admin_keys:
+        raise ValueError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to protect the admin routes")
+    settings = GatewaySettings(
+        upstreams=[u.rstrip("/") for u in args.upstream],
+        base_model_path=_model_folder(args.model, args.workdir),
+        checkpoint_root=args.workdir / "adapters",
+        alias=args.alias,
+        user_keys=_keys("FLYWHEEL_API_KEYS"),
+        admin_keys=admin_keys,
+        gate=Gate(min_gain=args.min_gain),
+    )
+    from serving.server import ensure_port_free
+
+    ensure_port_free(args.host, args.port)
+    app = create_app(settings, open_store(_db_url(args)))
+    print(f"gateway on http://{args.host}:{args.port}/v1, alias {args.alias!r}", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from memory import store
+    from serving import promotion
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        event = promotion.promote(
+            session, args.version, promotion.Gate(min_gain=args.min_gain), force=args.force
+        )
+    if event.action != "promote":
+        raise ValueError(f"not promoted: {event.reason}")
+    _tell_gateway(args.gateway_url, "/admin/sync", None)
+    print(f"{event.to_version} now serves (was {event.from_version}): {event.reason}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from memory import store
+    from serving import promotion
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        event = promotion.rollback(session)
+    _tell_gateway(args.gateway_url, "/admin/sync", None)
+    print(f"{event.to_version} now serves (was {event.from_version})")
+    return 0
+
+
+def _tell_gateway(url: str | None, route: str, body: Any) -> None:
+    if url is None:
+        return
+    import httpx
+
+    key = next(iter(_keys("FLYWHEEL_ADMIN_KEYS")), "")
+    response = httpx.post(
+        url.rstrip("/") + route, json=body, timeout=120, headers={"Authorization": f"Bearer {key}"}
+    )
+    if response.status_code != 200:
+        raise ValueError(f"the gateway answered {response.status_code}: {response.text[:200]}")
 
 
 def _run_defaults() -> dict[str, Any]:

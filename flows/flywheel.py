@@ -27,6 +27,7 @@ from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
 from memory import store
 from memory.records import Group, GroupPurpose, PolicyVersion, TrainingRound
+from serving import promotion
 from serving.adapters import ensure_loaded, load_adapter
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
@@ -152,7 +153,7 @@ async def flywheel_run(
     with store.transaction(engine) as session:
         store.save_policy_version(session, PolicyVersion(name=base_name, base_model=base_name))
         if store.promoted_policy(session) is None:
-            store.record_evaluation(session, base_name, 0.0, promoted=True)
+            store.set_promoted(session, base_name, True)
         base = store.policy_version(session, base_name)
     held_out = eval_tasks(settings.taskset, settings.eval_tasks)
 
@@ -161,8 +162,7 @@ async def flywheel_run(
     clock.add("evaluate", started)
     logger.info("baseline held-out pass@1 %.3f (format %.2f)", baseline, baseline_format)
     with store.transaction(engine) as session:
-        base_row = store.policy_version(session, base_name)
-        store.record_evaluation(session, base_name, baseline, promoted=base_row.promoted)
+        store.record_evaluation(session, base_name, baseline)
 
     summary = RunSummary(
         base_model=base_name,
@@ -256,28 +256,24 @@ async def _run_round(
     started = time.monotonic()
     pass_at_1, format_rate = await _evaluate(settings, server_url, held_out, version)
     stages["evaluate"] = clock.add("evaluate", started)
-    promoted = pass_at_1 >= (current.eval_pass_at_1 or 0.0)
+    with store.transaction(engine) as session:
+        store.record_evaluation(session, name, pass_at_1)
+        decision = promotion.promote(session, name, settings.gate)
+        done = {
+            "policy_out": name,
+            "status": "done",
+            "metrics": {**trained.model_dump(), "eval_pass_at_1": pass_at_1},
+        }
+        store.save_training_round(session, record.model_copy(update=done))
+    promoted = decision.action == "promote"
     logger.info(
-        "round %d: %s held-out pass@1 %.3f vs %s %.3f -> %s",
+        "round %d: %s held-out pass@1 %.3f: %s (%s)",
         round_index,
         name,
         pass_at_1,
-        current.name,
-        current.eval_pass_at_1 or 0.0,
-        "promoted" if promoted else "kept old version",
+        "promoted" if promoted else "not promoted",
+        decision.reason,
     )
-    with store.transaction(engine) as session:
-        store.record_evaluation(session, name, pass_at_1, promoted)
-        store.save_training_round(
-            session,
-            record.model_copy(
-                update={
-                    "policy_out": name,
-                    "status": "done",
-                    "metrics": {**trained.model_dump(), "eval_pass_at_1": pass_at_1},
-                }
-            ),
-        )
     return result.model_copy(
         update={
             "policy_version": name,

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.collector import CollectSettings
+from serving.promotion import Gate
 from trainer.settings import TrainSettings
 
 DEFAULT_WORKDIR = Path(".flywheel")
@@ -28,6 +29,7 @@ class RunSettings(BaseModel):
     max_tokens: int = Field(128, ge=1)
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     train: TrainSettings = TrainSettings()
+    gate: Gate = Gate()
 
     @property
     def checkpoint_root(self) -> Path:

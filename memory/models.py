@@ -32,6 +32,7 @@ class PolicyVersionRow(Base):
     adapter_path: Mapped[str | None] = mapped_column(Text)
     round_index: Mapped[int] = mapped_column(Integer, default=0)
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
+    promoted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     eval_pass_at_1: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
@@ -97,3 +98,17 @@ class AttemptRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")
+
+
+class AliasEventRow(Base):
+    """Every move of a serving alias: promote, rollback, or a gate refusal."""
+
+    __tablename__ = "alias_event"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    alias: Mapped[str] = mapped_column(String(100), index=True)
+    action: Mapped[str] = mapped_column(String(20))
+    from_version: Mapped[str | None] = mapped_column(String(200))
+    to_version: Mapped[str | None] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

@@ -6,6 +6,7 @@ uses the sampled token ids and their behaviour logprobs, never re-tokenised text
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -50,6 +51,7 @@ class PolicyVersion(Record):
     adapter_path: str | None = None
     round_index: int = 0
     promoted: bool = False
+    promoted_at: datetime | None = None
     eval_pass_at_1: float | None = None
 
 
@@ -101,3 +103,11 @@ class TrainingRound(Record):
     status: Literal["running", "done", "failed", "skipped"]
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class AliasEvent(Record):
+    alias: str
+    action: Literal["promote", "rollback", "refuse"]
+    from_version: str | None
+    to_version: str | None
+    reason: str = ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,21 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
 from memory.errors import StoreError
-from memory.models import AttemptRow, PolicyVersionRow, RolloutGroupRow, TrainingRoundRow
-from memory.records import Attempt, Group, GroupPurpose, PolicyVersion, TrainingRound
+from memory.models import (
+    AliasEventRow,
+    AttemptRow,
+    PolicyVersionRow,
+    RolloutGroupRow,
+    TrainingRoundRow,
+)
+from memory.records import (
+    AliasEvent,
+    Attempt,
+    Group,
+    GroupPurpose,
+    PolicyVersion,
+    TrainingRound,
+)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -102,10 +116,16 @@ def save_policy_version(session: Session, version: PolicyVersion) -> None:
     session.flush()
 
 
-def record_evaluation(session: Session, name: str, pass_at_1: float, promoted: bool) -> None:
+def record_evaluation(session: Session, name: str, pass_at_1: float) -> None:
+    _policy_row(session, name).eval_pass_at_1 = pass_at_1
+    session.flush()
+
+
+def set_promoted(session: Session, name: str, promoted: bool) -> None:
+    """Promote (newest promotion serves) or un-promote a version."""
     row = _policy_row(session, name)
-    row.eval_pass_at_1 = pass_at_1
     row.promoted = promoted
+    row.promoted_at = datetime.now(UTC) if promoted else None
     session.flush()
 
 
@@ -114,10 +134,9 @@ def policy_version(session: Session, name: str) -> PolicyVersion:
 
 
 def promoted_policy(session: Session) -> PolicyVersion | None:
-    """The newest promoted version: the one that samples the next round."""
-    query = select(PolicyVersionRow).filter_by(promoted=True)
-    row = session.scalars(query.order_by(PolicyVersionRow.round_index.desc()).limit(1)).first()
-    return PolicyVersion.model_validate(row) if row else None
+    """The most recently promoted version: it serves and samples the next round."""
+    history = promoted_history(session)
+    return history[0] if history else None
 
 
 def save_training_round(session: Session, record: TrainingRound) -> None:
@@ -139,6 +158,24 @@ def next_round_index(session: Session) -> int:
     finished = TrainingRoundRow.status.in_(("done", "skipped", "failed"))
     last = session.scalar(select(func.max(TrainingRoundRow.round_index)).where(finished))
     return (last or 0) + 1
+
+
+def record_alias_event(session: Session, event: AliasEvent) -> None:
+    session.add(AliasEventRow(**event.model_dump(exclude={"schema_version"})))
+    session.flush()
+
+
+def alias_events(session: Session, alias: str) -> list[AliasEvent]:
+    query = select(AliasEventRow).filter_by(alias=alias).order_by(AliasEventRow.id)
+    return [AliasEvent.model_validate(row) for row in session.scalars(query)]
+
+
+def promoted_history(session: Session) -> list[PolicyVersion]:
+    """Promoted versions, newest promotion first; the head serves, the next is the fallback."""
+    query = select(PolicyVersionRow).filter_by(promoted=True)
+    order = (PolicyVersionRow.promoted_at.desc(), PolicyVersionRow.id.desc())
+    rows = session.scalars(query.order_by(*order))
+    return [PolicyVersion.model_validate(row) for row in rows]
 
 
 def _migrate(engine: Engine) -> None:

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import httpx
+from safetensors import safe_open
 
 from serving.errors import ServingError
 
@@ -21,6 +23,78 @@ log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
 TIMEOUT_S = 60.0
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def validate_adapter(
+    path: Path, *, root: Path, max_rank: int, base_modules: set[str] | None = None
+) -> Path:
+    """Check an adapter before any server sees it; returns its resolved path.
+
+    Refused: a path outside `root` (after resolving `..` and symlinks), a missing folder or
+    marker, an unreadable config, a rank over the server's limit, truncated weights, and weights
+    that bind no module of the base model (`base_modules`, module names without `.weight`).
+    """
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise ServingError(f"adapter path {path} is outside the checkpoint root")
+    if not resolved.is_dir():
+        raise ServingError(f"adapter folder {path} not found")
+    if not (resolved / MARKER).is_file():
+        raise ServingError(f"adapter {path} is not a complete checkpoint")
+    rank = _adapter_rank(resolved)
+    if rank > max_rank:
+        raise ServingError(f"adapter {path} has rank {rank}, over the server's limit {max_rank}")
+    modules = _adapter_modules(resolved)
+    missing = modules - base_modules if base_modules is not None else set()
+    if missing == modules:
+        raise ServingError(f"adapter {path} binds no module of the base model")
+    if missing:
+        example = sorted(missing)[0]
+        raise ServingError(
+            f"adapter {path} binds {len(missing)} modules the base model lacks, e.g. {example}"
+        )
+    return resolved
+
+
+def base_model_modules(model_path: Path) -> set[str]:
+    """Names of the base model's weight-bearing modules, read from its safetensors headers."""
+    names: set[str] = set()
+    for file in model_path.glob("*.safetensors"):
+        with safe_open(file, framework="pt") as weights:
+            names |= {key.removesuffix(".weight") for key in weights.keys()}  # noqa: SIM118
+    return names
+
+
+def _adapter_rank(path: Path) -> int:
+    try:
+        config = json.loads((path / ADAPTER_CONFIG).read_text())
+        return int(config["r"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ServingError(f"adapter {path} has no readable {ADAPTER_CONFIG}") from exc
+
+
+def _adapter_modules(path: Path) -> set[str]:
+    """Module names the LoRA weights attach to, e.g. `model.layers.0.self_attn.q_proj`."""
+    try:
+        with safe_open(path / ADAPTER_WEIGHTS, framework="pt") as weights:
+            keys = list(weights.keys())  # noqa: SIM118
+            for key in keys:
+                weights.get_slice(key)[:1]  # touches the data: a truncated file fails here
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several unrelated types
+        raise ServingError(f"adapter {path} has unreadable weights: {exc}") from exc
+    modules = set()
+    for key in keys:
+        name = key.removeprefix("base_model.model.")
+        for marker in (".lora_A.", ".lora_B.", ".lora_embedding_A", ".lora_embedding_B"):
+            if marker in name:
+                modules.add(name.split(marker)[0])
+    if not modules:
+        raise ServingError(f"adapter {path} holds no LoRA weights")
+    return modules
 
 
 def loaded_models(url: str) -> list[str]:

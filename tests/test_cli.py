@@ -64,3 +64,25 @@ def test_port_taken_is_one_line(tiny_model_path: Path, tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert code == 2
     assert f"port {port} on 127.0.0.1 is already in use" in err
+
+
+def test_promote_and_rollback_by_hand(tmp_path: Path, capsys) -> None:
+    from memory import store
+    from memory.records import PolicyVersion
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    with store.transaction(store.open_store(db)) as session:
+        for name, score in (("base", 0.3), ("v1", 0.2), ("v2", 0.4)):
+            store.save_policy_version(session, PolicyVersion(name=name, base_model="m"))
+            store.record_evaluation(session, name, score)
+        store.set_promoted(session, "base", True)
+    assert main(["promote", "v1", "--db", db]) == 2
+    assert "not promoted: held-out pass@1 0.200 is below 0.300" in capsys.readouterr().err
+    assert main(["promote", "v2", "--db", db]) == 0
+    assert main(["promote", "v1", "--db", db, "--force"]) == 0
+    assert main(["rollback", "--db", db]) == 0
+    assert "v2 now serves (was v1)" in capsys.readouterr().out
+    with store.transaction(store.open_store(db)) as session:
+        assert store.promoted_policy(session).name == "v2"
+        actions = [e.action for e in store.alias_events(session, "policy")]
+    assert actions == ["refuse", "promote", "promote", "rollback"]

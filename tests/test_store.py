@@ -51,11 +51,12 @@ def test_promotion_and_round_bookkeeping(db_url: str) -> None:
     with store.transaction(engine) as session:
         assert store.next_round_index(session) == 1
         store.save_policy_version(session, PolicyVersion(name="base", base_model="m"))
-        store.record_evaluation(session, "base", 0.2, promoted=True)
+        store.record_evaluation(session, "base", 0.2)
+        store.set_promoted(session, "base", True)
         store.save_policy_version(
             session, PolicyVersion(name="p1", base_model="m", parent="base", round_index=1)
         )
-        store.record_evaluation(session, "p1", 0.1, promoted=False)
+        store.record_evaluation(session, "p1", 0.1)
         running = TrainingRound(
             round_index=1, method="grpo", policy_in="base", policy_out=None, status="running"
         )

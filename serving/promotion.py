@@ -1,0 +1,85 @@
+"""Promotion and rollback of the stable alias, decided by the held-out evaluation gate.
+
+1. A candidate is promoted only if it has a held-out pass@1 and it is at least the serving
+   version's plus `min_gain`. A refusal is recorded too, with its reason.
+2. Rollback un-promotes the serving version; the previous promoted version serves again.
+3. Every decision is an `AliasEvent` in the store, written in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.orm import Session
+
+from memory import store
+from memory.records import AliasEvent, PolicyVersion
+from serving.errors import ServingError
+
+DEFAULT_ALIAS = "policy"
+
+
+class Gate(BaseModel):
+    """The evaluation gate: how much better than the serving version a candidate must be."""
+
+    model_config = ConfigDict(frozen=True)
+
+    min_gain: float = 0.0
+
+
+def serving_version(session: Session) -> PolicyVersion:
+    history = store.promoted_history(session)
+    if not history:
+        raise ServingError("no promoted version in the store: run `flywheel run` first")
+    return history[0]
+
+
+def promote(
+    session: Session, candidate: str, gate: Gate, alias: str = DEFAULT_ALIAS, force: bool = False
+) -> AliasEvent:
+    """Promote `candidate` if it passes the gate; returns the recorded event (promote or refuse)."""
+    version = store.policy_version(session, candidate)
+    current = store.promoted_history(session)
+    serving = current[0] if current else None
+    refusal = None if force else _refusal(version, serving, gate)
+    event = AliasEvent(
+        alias=alias,
+        action="refuse" if refusal else "promote",
+        from_version=serving.name if serving else None,
+        to_version=candidate,
+        reason=refusal or ("forced" if force else "passed the evaluation gate"),
+    )
+    if refusal is None:
+        store.set_promoted(session, candidate, True)
+    store.record_alias_event(session, event)
+    return event
+
+
+def rollback(session: Session, alias: str = DEFAULT_ALIAS) -> AliasEvent:
+    history = store.promoted_history(session)
+    if len(history) < 2:
+        raise ServingError("nothing to roll back to: fewer than two promoted versions")
+    head, previous = history[0], history[1]
+    store.set_promoted(session, head.name, False)
+    event = AliasEvent(
+        alias=alias,
+        action="rollback",
+        from_version=head.name,
+        to_version=previous.name,
+        reason="rolled back",
+    )
+    store.record_alias_event(session, event)
+    return event
+
+
+def _refusal(version: PolicyVersion, serving: PolicyVersion | None, gate: Gate) -> str | None:
+    if version.eval_pass_at_1 is None:
+        return f"{version.name} has no held-out evaluation"
+    if serving is None or serving.name == version.name:
+        return None
+    needed = (serving.eval_pass_at_1 or 0.0) + gate.min_gain
+    if version.eval_pass_at_1 < needed:
+        return (
+            f"held-out pass@1 {version.eval_pass_at_1:.3f} is below "
+            f"{needed:.3f} ({serving.name} {serving.eval_pass_at_1 or 0.0:.3f} + {gate.min_gain})"
+        )
+    return None

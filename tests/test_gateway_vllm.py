@@ -1,0 +1,150 @@
+"""The gateway in front of a real vLLM server (tiny model): hot-swap under load, corrupt adapters
+rejected while traffic flows, auth, rollback."""
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from safetensors.torch import load_file, save_file
+
+from memory import store
+from memory.records import PolicyVersion
+from serving.gateway import GatewaySettings, create_app, running
+from tests.conftest import free_port, make_group
+from trainer.round import train_round
+from trainer.settings import TrainSettings
+
+pytestmark = pytest.mark.vllm
+ADMIN = {"Authorization": "Bearer admin-key"}
+USER = {"Authorization": "Bearer user-key"}
+
+
+def corrupt_copies(good: Path, root: Path) -> dict[str, Path]:
+    variants = {}
+    for kind in ("truncated", "bad-config", "rank-too-high", "no-matching-modules"):
+        target = root / f"corrupt-{kind}"
+        shutil.copytree(good, target)
+        variants[kind] = target
+    weights = variants["truncated"] / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (variants["bad-config"] / "adapter_config.json").write_text("{not json")
+    config = json.loads((good / "adapter_config.json").read_text())
+    (variants["rank-too-high"] / "adapter_config.json").write_text(json.dumps({**config, "r": 64}))
+    renamed = variants["no-matching-modules"] / "adapter_model.safetensors"
+    tensors = load_file(renamed)
+    save_file({k.replace("layers.", "blocks."): v for k, v in tensors.items()}, renamed)
+    variants["missing"] = root / "no-such-adapter"
+    return variants
+
+
+class Load:
+    """Steady concurrent chat traffic through the gateway; counts failures and versions seen."""
+
+    def __init__(self, url: str, workers: int = 4) -> None:
+        self.url, self.workers = url, workers
+        self.stop = threading.Event()
+        self.progress = threading.Condition()
+        self.errors: list[str] = []
+        self.models: list[str] = []
+        self.threads = [threading.Thread(target=self._run) for _ in range(workers)]
+
+    def _run(self) -> None:
+        body = {
+            "model": "policy",
+            "messages": [{"role": "user", "content": "2+2?"}],
+            "max_tokens": 4,
+            "temperature": 0.0,
+        }
+        with httpx.Client(base_url=self.url, headers=USER, timeout=60) as client:
+            while not self.stop.is_set():
+                response = client.post("/v1/chat/completions", json=body)
+                if response.status_code != 200:
+                    self.errors.append(f"{response.status_code} {response.text[:100]}")
+                else:
+                    with self.progress:
+                        self.models.append(response.json()["model"])
+                        self.progress.notify_all()
+
+    def wait_for(self, count: int) -> None:
+        """Block until `count` requests have succeeded in all."""
+        with self.progress:
+            assert self.progress.wait_for(lambda: len(self.models) >= count, timeout=120)
+
+    def __enter__(self) -> "Load":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+
+def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: Path) -> None:
+    root = tmp_path / "adapters"
+    groups = [make_group([1.0, 0.0], task_id=f"t{i}") for i in range(2)]
+    good = Path(
+        train_round(
+            groups,
+            base_model=tiny_model_path,
+            parent_adapter=None,
+            checkpoint_root=root,
+            name="policy-r1-gw",
+            settings=TrainSettings(epochs=1),
+        ).adapter_path
+    )
+    corrupt = corrupt_copies(good, root)
+    engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
+    base = tiny_model_path.name
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, PolicyVersion(name=base, base_model=base))
+        store.record_evaluation(session, base, 0.1)
+        store.set_promoted(session, base, True)
+        store.save_policy_version(
+            session,
+            PolicyVersion(
+                name="policy-r1-gw",
+                base_model=base,
+                parent=base,
+                adapter_path=str(good),
+                round_index=1,
+            ),
+        )
+        store.record_evaluation(session, "policy-r1-gw", 0.2)
+    settings = GatewaySettings(
+        upstreams=[tiny_server],
+        base_model_path=tiny_model_path,
+        checkpoint_root=root,
+        user_keys=frozenset({"user-key"}),
+        admin_keys=frozenset({"admin-key"}),
+    )
+    with running(create_app(settings, engine), port=free_port()) as url:
+        admin = httpx.Client(base_url=url, headers=ADMIN, timeout=120)
+        assert httpx.post(f"{url}/v1/chat/completions", json={}).status_code == 401
+        with Load(url) as load:
+            for kind, path in corrupt.items():
+                response = admin.post(
+                    "/admin/adapters", json={"name": f"bad-{kind}", "path": str(path)}
+                )
+                assert response.status_code == 400, kind
+            assert (
+                admin.post(
+                    "/admin/adapters", json={"name": "policy-r1-gw", "path": str(good)}
+                ).status_code
+                == 200
+            )
+            assert admin.post("/admin/promote", json={"version": "policy-r1-gw"}).status_code == 200
+            before_rollback = len(load.models)
+            load.wait_for(before_rollback + 8)
+            assert admin.post("/admin/rollback").status_code == 200
+            after_rollback = len(load.models)
+            load.wait_for(after_rollback + 8)
+        assert load.errors == []
+        assert "policy-r1-gw" in load.models[before_rollback:after_rollback]
+        assert load.models[-1] == base
+        served = httpx.get(f"{tiny_server}/v1/models").json()["data"]
+        assert not any(m["id"].startswith("bad-") for m in served)

@@ -147,7 +147,7 @@ def canary(client: httpx.Client, model: str) -> str:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "What is 2 + 3?"}],
-        "max_tokens": 8,
+        "max_tokens": 1,
         "temperature": 0.0,
     }
     response = client.post("/v1/chat/completions", json=body)

@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
         default=0.0,
         help="held-out pass@1 gain over the serving version needed to promote",
     )
+    gateway.add_argument(
+        "--capture", action="store_true", help="record chat traffic as trajectories in the store"
+    )
     gateway.set_defaults(handler=_gateway)
 
     promote = commands.add_parser("promote", help="point the alias at a version (gated)")
@@ -176,6 +179,7 @@ def _gateway(args: argparse.Namespace) -> int:
         user_keys=_keys("FLYWHEEL_API_KEYS"),
         admin_keys=admin_keys,
         gate=Gate(min_gain=args.min_gain),
+        capture=args.capture,
     )
     from serving.server import ensure_port_free
 

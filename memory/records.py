@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 AttemptKind = Literal["base"]
-GroupPurpose = Literal["train", "eval"]
+GroupPurpose = Literal["train", "eval", "capture"]
 
 
 class Record(BaseModel):

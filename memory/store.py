@@ -109,6 +109,21 @@ def load_groups(
     return [_group_record(row) for row in rows]
 
 
+def record_feedback(session: Session, task_id: str, score: float, reason: str) -> None:
+    """Attach a score (user feedback or a later verifier) to a captured trajectory."""
+    group = session.scalars(
+        select(RolloutGroupRow).filter_by(purpose="capture", task_id=task_id)
+    ).first()
+    if group is None or not group.attempts:
+        raise StoreError(f"unknown capture id {task_id!r}")
+    attempt = group.attempts[0]
+    attempt.reward = score
+    attempt.correct = score >= 1.0
+    attempt.reason = reason
+    session.flush()
+    _refresh_group_stats(session, group.id)
+
+
 def save_policy_version(session: Session, version: PolicyVersion) -> None:
     values = version.model_dump(exclude={"schema_version"})
     statement = _insert(session, PolicyVersionRow).values(**values)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import threading
 import time
@@ -32,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
 from memory import store
-from serving import adapters, promotion
+from memory.errors import StoreError
+from serving import adapters, capture, promotion
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -54,11 +56,18 @@ class GatewaySettings(BaseModel):
     gate: promotion.Gate = promotion.Gate()
     timeout_s: float = 600.0
     sync_interval_s: float = 5.0
+    capture: bool = False
 
 
 class LoadRequest(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,120}$")
     path: str
+
+
+class FeedbackRequest(BaseModel):
+    id: str
+    score: float = Field(ge=0.0, le=1.0)
+    reason: str = "user feedback"
 
 
 class PromoteRequest(BaseModel):
@@ -152,17 +161,25 @@ class Router:
         }
 
     async def _serve(self, name: str, path: Path) -> None:
-        if name in self.versions or name == self.base_name:
+        """Make every upstream serve `name`; a restarted upstream gets it back here."""
+        if name == self.base_name:
             return
-        resolved = adapters.validate_adapter(
+        resolved = await asyncio.to_thread(self._checked_path, name, path)
+        for upstream in self.settings.upstreams:
+            await asyncio.to_thread(adapters.ensure_loaded, upstream, name, resolved)
+        if name not in self.versions:
+            self.versions.append(name)
+
+    def _checked_path(self, name: str, path: Path) -> Path:
+        """Validate a version's adapter the first time this gateway serves it."""
+        if name in self.versions:
+            return path.resolve()
+        return adapters.validate_adapter(
             path,
             root=self.settings.checkpoint_root,
             max_rank=self.settings.max_lora_rank,
             base_modules=self.base_modules,
         )
-        for upstream in self.settings.upstreams:
-            await asyncio.to_thread(adapters.ensure_loaded, upstream, name, resolved)
-        self.versions.append(name)
 
     async def _evict(self) -> None:
         keep = {self.target, *self._rollback_targets()}
@@ -238,6 +255,8 @@ def create_app(
             raise HTTPException(400, "request body must be a JSON object")
         version = router.resolve(body.get("model"))
         body["model"] = version
+        capturing = settings.capture and route == "/v1/chat/completions" and not body.get("stream")
+        asked = capture.prepare_request(body) if capturing else None
         router.inflight[version] += 1
         try:
             upstream_request = client.build_request(
@@ -253,6 +272,8 @@ def create_app(
             finally:
                 await upstream.aclose()
                 router.inflight[version] -= 1
+            if asked is not None and upstream.status_code == 200:
+                return await record(body, content, asked)
             return Response(
                 content,
                 status_code=upstream.status_code,
@@ -272,6 +293,23 @@ def create_app(
             status_code=upstream.status_code,
             media_type=upstream.headers.get("content-type"),
         )
+
+    async def record(body: dict[str, Any], content: bytes, asked: dict[str, bool]) -> Response:
+        payload = json.loads(content)
+        group = capture.captured_group(body, payload)
+        headers = {}
+        if group is not None:
+            await asyncio.to_thread(_save_group, engine, group)
+            headers[capture.CAPTURE_HEADER] = group.task_id
+        return JSONResponse(capture.strip_unasked(payload, asked), headers=headers)
+
+    @app.post("/v1/feedback", dependencies=[user])
+    async def feedback(body: FeedbackRequest) -> dict[str, str]:
+        try:
+            await asyncio.to_thread(_save_feedback, engine, body)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from None
+        return {"status": "recorded", "id": body.id}
 
     @app.post("/v1/chat/completions", dependencies=[user])
     async def chat(request: Request) -> Response:
@@ -324,6 +362,16 @@ def running(app: FastAPI, host: str = "127.0.0.1", port: int = 8000) -> Iterator
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def _save_group(engine: Engine, group: Any) -> None:
+    with store.transaction(engine) as session:
+        store.save_group(session, group)
+
+
+def _save_feedback(engine: Engine, body: FeedbackRequest) -> None:
+    with store.transaction(engine) as session:
+        store.record_feedback(session, body.id, body.score, body.reason)
 
 
 def _key_check(settings: GatewaySettings, admin: bool) -> Any:

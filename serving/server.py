@@ -46,6 +46,7 @@ class ServerSettings(BaseModel):
     max_loras: int = 4
     kv_cache_gib: int = 2
     startup_timeout_s: float = 300.0
+    probe_timeout_s: float = 15.0
     log_path: Path = Path(".flywheel/logs/vllm.log")
 
     @property
@@ -110,10 +111,30 @@ class VllmServer:
             f"log tail: {self.log_tail()}"
         )
 
+    def alive(self) -> bool:
+        """The process runs and a 1-token generation succeeds within the probe deadline."""
+        if self._process is None or self._process.poll() is not None:
+            return False
+        with httpx.Client(base_url=self.url, timeout=self.settings.probe_timeout_s) as client:
+            return generates(client, self.settings.served_name)
+
+    def ensure_alive(self) -> bool:
+        """Restart the server if it died or stopped generating; returns whether it restarted.
+
+        A restarted server has no adapters: whoever serves them (the gateway) reloads them.
+        """
+        if self.alive():
+            return False
+        log.warning("vLLM on %s is not generating; restarting it", self.url)
+        self.stop()
+        self.start()
+        return True
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
+        os.killpg(process.pid, signal.SIGCONT)  # a stopped group cannot act on SIGTERM
         os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=30)

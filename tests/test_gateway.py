@@ -145,3 +145,66 @@ def test_alias_follows_promotions_made_in_the_store(gateway) -> None:
     assert client.post("/admin/sync", headers=ADMIN).json()["target"] == "v-flow"
     client.post("/v1/chat/completions", json=chat(), headers=USER)
     assert seen[-1]["model"] == "v-flow"
+
+
+def test_capture_records_trajectories_and_feedback(tiny_model_path: Path, tmp_path: Path) -> None:
+    engine = store.open_store(f"sqlite:///{tmp_path / 'capture.db'}")
+    base = tiny_model_path.name
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, PolicyVersion(name=base, base_model=base))
+        store.set_promoted(session, base, True)
+    sent: list[dict] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        return httpx.Response(
+            200,
+            json={
+                "model": body["model"],
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "token_ids": [7, 8],
+                        "message": {"role": "assistant", "content": "four"},
+                        "logprobs": {
+                            "content": [
+                                {"token": "f", "logprob": -0.1},
+                                {"token": "our", "logprob": -0.2},
+                            ]
+                        },
+                    }
+                ],
+            },
+        )
+
+    settings = GatewaySettings(
+        upstreams=["http://up"],
+        base_model_path=tiny_model_path,
+        checkpoint_root=tmp_path,
+        capture=True,
+    )
+    app = create_app(settings, engine, transport=httpx.MockTransport(upstream))
+    with TestClient(app) as client:
+        response = client.post("/v1/chat/completions", json=chat(temperature=0.3))
+        assert response.status_code == 200
+        assert sent[0]["return_token_ids"] is True and sent[0]["logprobs"] is True
+        payload = response.json()
+        assert "prompt_token_ids" not in payload, "fields the caller did not ask for are removed"
+        assert payload["choices"][0]["logprobs"] is None
+        capture_id = response.headers["X-Flywheel-Capture-Id"]
+        ok = client.post("/v1/feedback", json={"id": capture_id, "score": 1.0})
+        assert ok.status_code == 200
+        unknown = client.post("/v1/feedback", json={"id": "capture:nope", "score": 1.0})
+        assert unknown.status_code == 404
+    with store.transaction(engine) as session:
+        (group,) = store.load_groups(session, "capture")
+    attempt = group.attempts[0]
+    assert group.task_id == capture_id and group.question == "hi"
+    assert attempt.sample.prompt_token_ids == [1, 2, 3]
+    assert attempt.sample.completion_token_ids == [7, 8]
+    assert attempt.sample.logprobs == [-0.1, -0.2]
+    assert attempt.sampling.temperature == 0.3
+    assert attempt.reward == 1.0 and attempt.reason == "user feedback"

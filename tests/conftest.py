@@ -58,6 +58,7 @@ def prefect_server() -> Iterator[None]:
     """One temporary Prefect server for the flows of this session, stopped within it."""
     from prefect.testing.utilities import prefect_test_harness
 
+    os.environ["PREFECT_LOGGING_TO_API_ENABLED"] = "false"  # the harness stops before exit
     with prefect_test_harness():
         yield
 
@@ -92,6 +93,18 @@ def tiny_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     with VllmServer(settings) as server:
         yield server.url
+
+
+def seed_promoted(engine, name: str, pass_at_1: float | None = None) -> None:
+    """Store `name` as the serving (promoted) version, with an evaluation if given."""
+    from memory import store
+    from memory.records import PolicyVersion
+
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, PolicyVersion(name=name, base_model=name))
+        if pass_at_1 is not None:
+            store.record_evaluation(session, name, pass_at_1)
+        store.set_promoted(session, name, True)
 
 
 def make_group(

@@ -105,33 +105,19 @@ def test_reloading_a_name_or_an_incomplete_checkpoint_is_refused(
 def test_one_round_through_the_cli(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
 ) -> None:
-    db = f"sqlite:///{tmp_path / 'fw.db'}"
-    summary_path = tmp_path / "summary.json"
-    code = main(
-        [
-            "run",
-            "--rounds",
-            "1",
-            "--tasks",
-            "3",
-            "--group-size",
-            "2",
-            "--eval-tasks",
-            "4",
-            "--db",
-            db,
-            "--workdir",
-            str(tmp_path),
-            "--model",
-            str(tiny_model_path),
-            "--server-url",
-            tiny_server,
-            "--summary-json",
-            str(summary_path),
-        ]
+    db, summary = run_once(
+        tmp_path,
+        "--tasks",
+        "3",
+        "--group-size",
+        "2",
+        "--eval-tasks",
+        "4",
+        "--model",
+        str(tiny_model_path),
+        "--server-url",
+        tiny_server,
     )
-    assert code == 0
-    summary = json.loads(summary_path.read_text())
     assert summary["db_url"] == db
     assert summary["baseline_pass_at_1"] == 0.0
     (round_,) = summary["rounds"]
@@ -153,6 +139,28 @@ def test_one_round_through_the_cli(
         assert round_["policy_version"] in loaded_models(tiny_server)
 
 
+def run_once(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    """One `flywheel run` round into a fresh database; returns its URL and the summary."""
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    summary_path = tmp_path / "summary.json"
+    code = main(
+        [
+            "run",
+            "--rounds",
+            "1",
+            "--db",
+            db,
+            "--workdir",
+            str(tmp_path),
+            "--summary-json",
+            str(summary_path),
+            *args,
+        ]
+    )
+    assert code == 0
+    return db, json.loads(summary_path.read_text())
+
+
 def tiny_server_model(url: str) -> str:
     return httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
 
@@ -170,35 +178,21 @@ def test_real_model_round_end_to_end(
 ) -> None:
     from tests.conftest import SERVER_PYTHON
 
-    db = f"sqlite:///{tmp_path / 'fw.db'}"
-    summary_path = tmp_path / "summary.json"
-    code = main(
-        [
-            "run",
-            "--rounds",
-            "1",
-            "--tasks",
-            "8",
-            "--group-size",
-            "4",
-            "--eval-tasks",
-            "16",
-            "--db",
-            db,
-            "--workdir",
-            str(tmp_path),
-            "--model",
-            str(smollm2_path),
-            "--server-python",
-            str(SERVER_PYTHON),
-            "--port",
-            str(free_port()),
-            "--summary-json",
-            str(summary_path),
-        ]
+    db, summary = run_once(
+        tmp_path,
+        "--tasks",
+        "8",
+        "--group-size",
+        "4",
+        "--eval-tasks",
+        "16",
+        "--model",
+        str(smollm2_path),
+        "--server-python",
+        str(SERVER_PYTHON),
+        "--port",
+        str(free_port()),
     )
-    assert code == 0
-    summary = json.loads(summary_path.read_text())
     assert 0.0 < summary["baseline_pass_at_1"] < 1.0, "real generations, some right, some wrong"
     (round_,) = summary["rounds"]
     assert round_["rollouts"] == 32 and round_["successes"] > 0

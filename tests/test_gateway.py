@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from memory import store
 from memory.records import PolicyVersion
 from serving.gateway import GatewaySettings, create_app
+from tests.conftest import seed_promoted
 
 USER, ADMIN = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
 
@@ -18,10 +19,7 @@ USER, ADMIN = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer ad
 def gateway(tiny_model_path: Path, tmp_path: Path):
     engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     base = tiny_model_path.name
-    with store.transaction(engine) as session:
-        store.save_policy_version(session, PolicyVersion(name=base, base_model=base))
-        store.record_evaluation(session, base, 0.5)
-        store.set_promoted(session, base, True)
+    seed_promoted(engine, base, 0.5)
     seen: list[dict] = []
 
     def upstream(request: httpx.Request) -> httpx.Response:
@@ -150,9 +148,7 @@ def test_alias_follows_promotions_made_in_the_store(gateway) -> None:
 def test_capture_records_trajectories_and_feedback(tiny_model_path: Path, tmp_path: Path) -> None:
     engine = store.open_store(f"sqlite:///{tmp_path / 'capture.db'}")
     base = tiny_model_path.name
-    with store.transaction(engine) as session:
-        store.save_policy_version(session, PolicyVersion(name=base, base_model=base))
-        store.set_promoted(session, base, True)
+    seed_promoted(engine, base)
     sent: list[dict] = []
 
     def upstream(request: httpx.Request) -> httpx.Response:

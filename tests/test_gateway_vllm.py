@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from memory import store
 from memory.records import PolicyVersion
 from serving.gateway import GatewaySettings, create_app, running
-from tests.conftest import free_port, make_group
+from tests.conftest import free_port, make_group, seed_promoted
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 
@@ -100,10 +100,8 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
     corrupt = corrupt_copies(good, root)
     engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     base = tiny_model_path.name
+    seed_promoted(engine, base, 0.1)
     with store.transaction(engine) as session:
-        store.save_policy_version(session, PolicyVersion(name=base, base_model=base))
-        store.record_evaluation(session, base, 0.1)
-        store.set_promoted(session, base, True)
         store.save_policy_version(
             session,
             PolicyVersion(
@@ -130,21 +128,23 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
                 response = admin.post(
                     "/admin/adapters", json={"name": f"bad-{kind}", "path": str(path)}
                 )
-                assert response.status_code == 400, kind
+                assert response.status_code == 400, (kind, response.status_code, response.text)
             assert (
                 admin.post(
                     "/admin/adapters", json={"name": "policy-r1-gw", "path": str(good)}
                 ).status_code
                 == 200
             )
-            assert admin.post("/admin/promote", json={"version": "policy-r1-gw"}).status_code == 200
+            promoted = admin.post("/admin/promote", json={"version": "policy-r1-gw"})
+            assert promoted.status_code == 200, promoted.text
             before_rollback = len(load.models)
             load.wait_for(before_rollback + 8)
-            assert admin.post("/admin/rollback").status_code == 200
+            rolled_back = admin.post("/admin/rollback")
+            assert rolled_back.status_code == 200, rolled_back.text
             after_rollback = len(load.models)
             load.wait_for(after_rollback + 8)
         assert load.errors == []
-        assert "policy-r1-gw" in load.models[before_rollback:after_rollback]
+        assert "policy-r1-gw" in load.models[before_rollback:after_rollback], load.models
         assert load.models[-1] == base
         served = httpx.get(f"{tiny_server}/v1/models").json()["data"]
         assert not any(m["id"].startswith("bad-") for m in served)

@@ -41,6 +41,7 @@ class RoundResult(BaseModel):
     train_tokens: int
     loss_first: float | None
     loss_last: float | None
+    train_seconds: float
     seconds: float
 
 
@@ -90,11 +91,11 @@ def train_round(
     with tempfile.TemporaryDirectory(prefix="flywheel-trainer-") as scratch:
         trainer = PolicyGradientTrainer(
             model=model,
-            args=_config(settings, scratch),
+            args=training_config(settings, scratch),
             train_dataset=_dataset(rows),
             data_collator=_Collator(pad_id=tokenizer.pad_token_id or 0),
             processing_class=tokenizer,
-            peft_config=None if parent_adapter else _lora_config(settings),
+            peft_config=None if parent_adapter else lora_config(settings),
             is_cap=settings.is_cap,
         )
         before = _lora_snapshot(trainer.model)
@@ -103,13 +104,16 @@ def train_round(
         staging = checkpoint.staging_dir(checkpoint_root, name)
         trainer.model.save_pretrained(staging)
     path = checkpoint.publish(staging, checkpoint_root, name)
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    history = trainer.state.log_history
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    train_seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), 0.0)
     return RoundResult(
         adapter_path=str(path),
         rows=len(rows),
         train_tokens=sum(row.trained_tokens for row in rows),
         loss_first=losses[0] if losses else None,
         loss_last=losses[-1] if losses else None,
+        train_seconds=train_seconds,
         seconds=time.monotonic() - started,
     )
 
@@ -126,7 +130,7 @@ def _load_policy(base_model: Path, parent_adapter: Path | None, settings: TrainS
     return PeftModel.from_pretrained(model, parent_adapter, is_trainable=True)
 
 
-def _lora_config(settings: TrainSettings) -> Any:
+def lora_config(settings: TrainSettings) -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
@@ -138,7 +142,8 @@ def _lora_config(settings: TrainSettings) -> Any:
     )
 
 
-def _config(settings: TrainSettings, output_dir: str) -> SFTConfig:
+def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
+    """The TRL config of a round (also the plain-SFT baseline of `bench/train.py`)."""
     on_gpu = _device(settings) == "cuda"
     return SFTConfig(
         output_dir=output_dir,

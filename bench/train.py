@@ -1,0 +1,191 @@
+"""Trainer benchmark: our policy-gradient round against plain TRL SFT on the same tokens.
+
+Both variants train the same LoRA (rank, modules, batch, epochs, learning rate, device) on the
+same rows (prompt + completion token ids, completion tokens trained); ours adds per-token
+advantages and the importance-sampling weights. Each runs in its own process so that peak memory
+is its own. Reports trained tokens/s, our overhead, and peak memory (RSS; CUDA peak on a GPU).
+
+    .venv/bin/python bench/train.py [--model smollm2|tiny] [--rows 64] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from memory.records import Attempt, Group, Sample, SamplingSettings  # noqa: E402
+from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
+from trainer.settings import TrainSettings  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--rows", type=int, default=64, help="rows (attempts) to train on")
+    parser.add_argument("--prompt-tokens", type=int, default=48)
+    parser.add_argument("--completion-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--variant", choices=("ours", "sft"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(measure(args)))
+        return
+    figures = {variant: run_variant(variant) for variant in ("sft", "ours")}
+    result = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "variant")},
+        **{f"{v}_{k}": figures[v][k] for v in figures for k in figures[v]},
+        "overhead": figures["sft"]["tokens_per_s"] / figures["ours"]["tokens_per_s"] - 1,
+    }
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run_variant(variant: str) -> dict:
+    command = [sys.executable, __file__, *sys.argv[1:], "--variant", variant]
+    if "--json" in command:
+        index = command.index("--json")
+        del command[index : index + 2]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{variant} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(args: argparse.Namespace) -> dict:
+    import torch
+
+    models = ROOT / ".flywheel" / "models"
+    model_path = prepare_smollm2(models)
+    if args.model == "tiny":
+        model_path = prepare_tiny_llama(models, model_path)
+    settings = TrainSettings(epochs=1, batch_size=args.batch_size)
+    groups = synthetic_groups(args)
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
+        if args.variant == "ours":
+            from trainer.round import train_round
+
+            result = train_round(
+                groups,
+                base_model=model_path,
+                parent_adapter=None,
+                checkpoint_root=Path(scratch),
+                name="bench",
+                settings=settings,
+            )
+            seconds, tokens = result.train_seconds, result.train_tokens
+        else:
+            seconds, tokens = plain_sft(groups, model_path, settings, scratch)
+    cuda = torch.cuda.is_available()
+    return {
+        "train_seconds": seconds,
+        "trained_tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        "device": "cuda" if cuda else "cpu",
+    }
+
+
+def plain_sft(groups: list[Group], model_path: Path, settings: TrainSettings, scratch: str):
+    """TRL's own SFTTrainer, same config and LoRA, on the same input ids and labels."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    from trainer.dataset import build_rows
+    from trainer.round import lora_config, training_config
+
+    rows = build_rows(groups, settings.max_length)
+    dataset = Dataset.from_list([{"input_ids": r.input_ids, "labels": r.labels} for r in rows])
+    trainer = SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_path),
+        args=training_config(settings, scratch),
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(model_path),
+        peft_config=lora_config(settings),
+    )
+    started = time.monotonic()
+    trainer.train()
+    runtime = next(
+        (e["train_runtime"] for e in trainer.state.log_history if "train_runtime" in e),
+        time.monotonic() - started,
+    )
+    return runtime, sum(r.trained_tokens for r in rows)
+
+
+def synthetic_groups(args: argparse.Namespace) -> list[Group]:
+    """Groups of 4 with rewards 1, 0, 0, 1 (every row trains), random in-vocabulary tokens."""
+    rng = random.Random(0)
+    groups = []
+    for g in range(args.rows // 4):
+        prompt = [rng.randrange(100, 40000) for _ in range(args.prompt_tokens)]
+        attempts = []
+        for i, reward in enumerate((1.0, 0.0, 0.0, 1.0)):
+            completion = [rng.randrange(100, 40000) for _ in range(args.completion_tokens)]
+            attempts.append(
+                Attempt(
+                    sample_index=i,
+                    policy_version="base",
+                    messages=[],
+                    sampling=SamplingSettings(temperature=1.0, max_tokens=args.completion_tokens),
+                    sample=Sample(
+                        text="",
+                        prompt_token_ids=prompt,
+                        completion_token_ids=completion,
+                        logprobs=[-2.0] * len(completion),
+                        finish_reason="length",
+                    ),
+                    reward=reward,
+                    correct=reward > 0,
+                    format_ok=True,
+                    answer=None,
+                    reason="bench",
+                )
+            )
+        groups.append(
+            Group(
+                round_index=1,
+                purpose="train",
+                task_id=f"bench-{g}",
+                taskset="bench",
+                question="",
+                policy_version="base",
+                size=4,
+                attempts=attempts,
+            )
+        )
+    return groups
+
+
+def print_table(r: dict) -> None:
+    s = r["settings"]
+    print(
+        f"{'variant':<22}{'tokens/s':>10}{'train s':>10}{'peak RSS MiB':>14}{'peak CUDA MiB':>15}"
+    )
+    for variant, label in (("sft", "plain TRL SFT"), ("ours", "flywheel round")):
+        cuda = r[f"{variant}_peak_cuda_mib"]
+        print(
+            f"{label:<22}{r[f'{variant}_tokens_per_s']:>10.1f}{r[f'{variant}_train_seconds']:>10.1f}"
+            f"{r[f'{variant}_peak_rss_mib']:>14.0f}{'-' if cuda is None else f'{cuda:.0f}':>15}"
+        )
+    print(f"overhead of the flywheel round: {100 * r['overhead']:+.1f}% (goal <= 10%)")
+    print(
+        f"{s['model']} on {r['ours_device']}, {s['rows']} rows x ({s['prompt_tokens']} prompt + "
+        f"{s['completion_tokens']} trained tokens), batch {s['batch_size']}, 1 epoch, LoRA r=16"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -107,16 +107,9 @@ def test_one_round_through_the_cli(
 ) -> None:
     db, summary = run_once(
         tmp_path,
-        "--tasks",
-        "3",
-        "--group-size",
-        "2",
-        "--eval-tasks",
-        "4",
-        "--model",
+        *["--tasks", "3", "--group-size", "2", "--eval-tasks", "4", "--model"],
         str(tiny_model_path),
-        "--server-url",
-        tiny_server,
+        *("--server-url", tiny_server),
     )
     assert summary["db_url"] == db
     assert summary["baseline_pass_at_1"] == 0.0
@@ -180,22 +173,14 @@ def test_real_model_round_end_to_end(
 
     db, summary = run_once(
         tmp_path,
-        "--tasks",
-        "8",
-        "--group-size",
-        "4",
-        "--eval-tasks",
-        "16",
-        "--model",
+        *["--tasks", "16", "--group-size", "4", "--eval-tasks", "16", "--model"],
         str(smollm2_path),
-        "--server-python",
-        str(SERVER_PYTHON),
-        "--port",
-        str(free_port()),
+        *("--server-python", str(SERVER_PYTHON), "--port", str(free_port())),
     )
     assert 0.0 < summary["baseline_pass_at_1"] < 1.0, "real generations, some right, some wrong"
     (round_,) = summary["rounds"]
-    assert round_["rollouts"] == 32 and round_["successes"] > 0
+    # 16 groups of 4 at a success rate near 0.15: some group has reward variance (p > 0.999)
+    assert round_["rollouts"] == 64 and round_["successes"] > 0
     assert round_["policy_version"].startswith("policy-r1-")
     assert checkpoint.is_complete(Path(round_["adapter_path"]))
     assert round_["train_tokens"] > 0 and round_["eval_pass_at_1"] is not None

@@ -4,6 +4,7 @@ rejected while traffic flows, auth, rollback."""
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -40,15 +41,25 @@ def corrupt_copies(good: Path, root: Path) -> dict[str, Path]:
     return variants
 
 
+def answering_versions(url: str, count: int) -> set[str]:
+    """The versions that answer `count` sequential alias requests."""
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with httpx.Client(base_url=url, headers=USER, timeout=60) as client:
+        return {
+            client.post("/v1/chat/completions", json=body).json()["model"] for _ in range(count)
+        }
+
+
 class Load:
-    """Steady concurrent chat traffic through the gateway; counts failures and versions seen."""
+    """Steady concurrent chat traffic through the gateway: failures, and for each success the
+    moment it was sent and the version that answered."""
 
     def __init__(self, url: str, workers: int = 4) -> None:
         self.url, self.workers = url, workers
         self.stop = threading.Event()
         self.progress = threading.Condition()
         self.errors: list[str] = []
-        self.models: list[str] = []
+        self.answers: list[tuple[float, str]] = []
         self.threads = [threading.Thread(target=self._run) for _ in range(workers)]
 
     def _run(self) -> None:
@@ -60,18 +71,24 @@ class Load:
         }
         with httpx.Client(base_url=self.url, headers=USER, timeout=60) as client:
             while not self.stop.is_set():
-                response = client.post("/v1/chat/completions", json=body)
+                sent = time.monotonic()
+                try:
+                    response = client.post("/v1/chat/completions", json=body)
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
                 if response.status_code != 200:
                     self.errors.append(f"{response.status_code} {response.text[:100]}")
-                else:
-                    with self.progress:
-                        self.models.append(response.json()["model"])
-                        self.progress.notify_all()
+                    continue
+                with self.progress:
+                    self.answers.append((sent, response.json()["model"]))
+                    self.progress.notify_all()
 
     def wait_for(self, count: int) -> None:
         """Block until `count` requests have succeeded in all."""
         with self.progress:
-            assert self.progress.wait_for(lambda: len(self.models) >= count, timeout=120)
+            done = self.progress.wait_for(lambda: len(self.answers) >= count, timeout=120)
+        assert done, f"fewer than {count} answers in 120 s; errors: {self.errors[:3]}"
 
     def __enter__(self) -> "Load":
         for thread in self.threads:
@@ -137,14 +154,15 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
             )
             promoted = admin.post("/admin/promote", json={"version": "policy-r1-gw"})
             assert promoted.status_code == 200, promoted.text
-            before_rollback = len(load.models)
-            load.wait_for(before_rollback + 8)
+            # The alias is resolved when a request starts: every request sent after the
+            # switch returned goes to the new version, while the load keeps flowing.
+            assert answering_versions(url, 4) == {"policy-r1-gw"}
+            load.wait_for(16)
             rolled_back = admin.post("/admin/rollback")
             assert rolled_back.status_code == 200, rolled_back.text
-            after_rollback = len(load.models)
-            load.wait_for(after_rollback + 8)
+            assert answering_versions(url, 4) == {base}
+            load.wait_for(len(load.answers) + 8)
         assert load.errors == []
-        assert "policy-r1-gw" in load.models[before_rollback:after_rollback], load.models
-        assert load.models[-1] == base
+        assert {model for _, model in load.answers} == {base, "policy-r1-gw"}
         served = httpx.get(f"{tiny_server}/v1/models").json()["data"]
         assert not any(m["id"].startswith("bad-") for m in served)

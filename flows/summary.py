@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, Field
 
 
@@ -80,14 +82,20 @@ def format_table(summary: RunSummary) -> str:
 
 
 def _verdict(summary: RunSummary) -> str:
+    """Best version against the base, judged against the noise of the held-out evaluation."""
     scored = [r for r in summary.rounds if r.eval_pass_at_1 is not None]
     if not scored:
         return "no round produced a new version."
     best = max(r.eval_pass_at_1 or 0.0 for r in scored)
     base = summary.baseline_pass_at_1
-    if best > base:
-        return f"improved: best held-out pass@1 {best:.3f} vs base {base:.3f}."
-    return f"not improved: best held-out pass@1 {best:.3f} vs base {base:.3f}."
+    p = max(min((best + base) / 2, 1 - 1e-9), 1e-9)
+    noise = 2 * math.sqrt(2 * p * (1 - p) / summary.eval_tasks)
+    change = f"best held-out pass@1 {best:.3f} vs base {base:.3f}"
+    if best - base > noise:
+        return f"improved: {change}."
+    if base - best > noise:
+        return f"worse: {change}."
+    return f"no clear change: {change}, within noise (2 standard errors: {noise:.3f})."
 
 
 def _fmt(value: float | None, digits: int) -> str:

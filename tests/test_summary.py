@@ -1,0 +1,35 @@
+from flows.summary import RoundSummary, RunSummary, format_table
+
+
+def summary(base: float, best: float | None, eval_tasks: int = 64) -> RunSummary:
+    round_ = RoundSummary(
+        round_index=1,
+        policy_version="p1" if best is not None else None,
+        parent_version="base",
+        adapter_path=None,
+        rollouts=8,
+        successes=2,
+        train_tokens=10,
+        eval_pass_at_1=best,
+        eval_format_rate=0.0,
+        promoted=False,
+    )
+    return RunSummary(
+        base_model="base",
+        taskset="arithmetic",
+        baseline_pass_at_1=base,
+        baseline_format_rate=0.0,
+        eval_tasks=eval_tasks,
+        db_url="sqlite://",
+        rounds=[round_],
+    )
+
+
+def test_the_verdict_weighs_the_change_against_evaluation_noise() -> None:
+    assert "no clear change" in format_table(summary(0.266, 0.297))
+    assert format_table(summary(0.2, 0.6)).endswith(
+        "improved: best held-out pass@1 0.600 vs base 0.200."
+    )
+    assert "worse:" in format_table(summary(0.6, 0.2))
+    assert "improved" in format_table(summary(0.266, 0.297, eval_tasks=20_000))
+    assert "no round produced a new version" in format_table(summary(0.2, None))

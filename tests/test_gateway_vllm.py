@@ -166,3 +166,40 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
         assert {model for _, model in load.answers} == {base, "policy-r1-gw"}
         served = httpx.get(f"{tiny_server}/v1/models").json()["data"]
         assert not any(m["id"].startswith("bad-") for m in served)
+
+
+def test_old_versions_are_unloaded_beyond_the_limit(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "adapters"
+    groups = [make_group([1.0, 0.0], task_id="t")]
+    first = Path(
+        train_round(
+            groups,
+            base_model=tiny_model_path,
+            parent_adapter=None,
+            checkpoint_root=root,
+            name="evict-1",
+            settings=TrainSettings(epochs=1),
+        ).adapter_path
+    )
+    for i in (2, 3, 4):
+        shutil.copytree(first, root / f"evict-{i}")
+    engine = store.open_store(f"sqlite:///{tmp_path / 'evict.db'}")
+    seed_promoted(engine, tiny_model_path.name, 0.1)
+    settings = GatewaySettings(
+        upstreams=[tiny_server],
+        base_model_path=tiny_model_path,
+        checkpoint_root=root,
+        admin_keys=frozenset({"admin-key"}),
+        keep_versions=3,
+    )
+    with running(create_app(settings, engine), port=free_port()) as url:
+        admin = httpx.Client(base_url=url, headers=ADMIN, timeout=120)
+        for i in (1, 2, 3, 4):
+            body = {"name": f"evict-{i}", "path": str(root / f"evict-{i}")}
+            assert admin.post("/admin/adapters", json=body).status_code == 200
+        state = admin.get("/admin/state").json()
+    assert state["versions"] == ["evict-2", "evict-3", "evict-4"]
+    served = {m["id"] for m in httpx.get(f"{tiny_server}/v1/models").json()["data"]}
+    assert "evict-1" not in served and {"evict-2", "evict-3", "evict-4"} <= served

@@ -132,15 +132,16 @@ class Router:
             await self._evict()
 
     async def promote(self, version: str, force: bool) -> dict[str, Any]:
+        """Gate, serve, then move the alias; if serving fails the store is left unchanged."""
         async with self._admin_lock:
             with store.transaction(self.engine) as session:
                 event = promotion.promote(
                     session, version, self.settings.gate, self.settings.alias, force
                 )
+                adapter = store.policy_version(session, version).adapter_path
+                if event.action == "promote" and adapter is not None:
+                    await self._serve(version, Path(adapter))
             if event.action == "promote":
-                adapter = self._adapter_path(version)
-                if adapter is not None:
-                    await self._serve(version, adapter)
                 self.target = version
             return event.model_dump(mode="json")
 
@@ -195,11 +196,6 @@ class Router:
     def _rollback_targets(self) -> list[str]:
         with store.transaction(self.engine) as session:
             return [v.name for v in store.promoted_history(session)[:2]]
-
-    def _adapter_path(self, version: str) -> Path | None:
-        with store.transaction(self.engine) as session:
-            path = store.policy_version(session, version).adapter_path
-        return Path(path) if path else None
 
 
 def create_app(

@@ -204,3 +204,21 @@ def test_capture_records_trajectories_and_feedback(tiny_model_path: Path, tmp_pa
     assert attempt.sample.logprobs == [-0.1, -0.2]
     assert attempt.sampling.temperature == 0.3
     assert attempt.reward == 1.0 and attempt.reason == "user feedback"
+
+
+def test_a_promotion_whose_adapter_fails_leaves_the_store_unchanged(gateway, tmp_path) -> None:
+    client, _, engine, base = gateway
+    with store.transaction(engine) as session:
+        store.save_policy_version(
+            session,
+            PolicyVersion(
+                name="v-broken", base_model=base, adapter_path=str(tmp_path / "adapters" / "gone")
+            ),
+        )
+        store.record_evaluation(session, "v-broken", 0.9)
+    response = client.post("/admin/promote", json={"version": "v-broken"}, headers=ADMIN)
+    assert response.status_code == 400 and "not found" in response.json()["error"]["message"]
+    assert client.get("/health").json()["target"] == base
+    with store.transaction(engine) as session:
+        assert store.promoted_policy(session).name == base
+        assert store.alias_events(session, "policy") == []

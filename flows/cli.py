@@ -102,6 +102,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--summary-json", type=Path, default=None, help="write the summary here")
     run.set_defaults(handler=_run)
 
+    model_server = commands.add_parser(
+        "serve-model", help="run a supervised vLLM server (restarted when it stops generating)"
+    )
+    model_server.add_argument("--model", default="smollm2")
+    model_server.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    model_server.add_argument("--server-python", type=Path, default=DEFAULT_SERVER_PYTHON)
+    model_server.add_argument("--port", type=int, default=8011)
+    model_server.add_argument(
+        "--probe-interval",
+        type=float,
+        default=10.0,
+        help="seconds between generation probes (default 10)",
+    )
+    model_server.set_defaults(handler=_serve_model)
+
     gateway = commands.add_parser(
         "gateway", help="serve the OpenAI-compatible gateway in front of vLLM servers"
     )
@@ -159,6 +174,29 @@ def _db_url(args: argparse.Namespace) -> str:
 
 def _keys(variable: str) -> frozenset[str]:
     return frozenset(k.strip() for k in os.environ.get(variable, "").split(",") if k.strip())
+
+
+def _serve_model(args: argparse.Namespace) -> int:
+    import threading
+
+    from serving.server import ServerSettings, VllmServer
+
+    model_path = _model_folder(args.model, args.workdir)
+    settings = ServerSettings(
+        python=args.server_python,
+        model_path=model_path,
+        served_name=model_path.name,
+        port=args.port,
+        log_path=args.workdir / "logs" / f"vllm-{args.port}.log",
+    )
+    stop = threading.Event()
+    with VllmServer(settings) as server:
+        print(f"vLLM serving {model_path.name} on {server.url}; Ctrl-C stops it", file=sys.stderr)
+        try:
+            server.supervise(stop, interval_s=args.probe_interval)
+        except KeyboardInterrupt:
+            stop.set()
+    return 0
 
 
 def _gateway(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -129,6 +130,21 @@ class VllmServer:
         self.stop()
         self.start()
         return True
+
+    def supervise(self, stop: threading.Event, interval_s: float = 10.0, strikes: int = 2) -> int:
+        """Probe every `interval_s` until `stop` is set; restart after `strikes` failed probes
+        in a row (one slow probe on a busy machine is not a death). Returns the restarts."""
+        restarts = failures = 0
+        while not stop.wait(interval_s):
+            failures = 0 if self.alive() else failures + 1
+            if failures >= strikes:
+                log.warning(
+                    "vLLM on %s failed %d probes in a row; restarting it", self.url, failures
+                )
+                self.stop()
+                self.start()
+                restarts, failures = restarts + 1, 0
+        return restarts
 
     def stop(self) -> None:
         process, self._process = self._process, None

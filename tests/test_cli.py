@@ -12,7 +12,10 @@ from flows.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["prepare-model"]])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["run"], ["prepare-model"], ["serve-model"], ["gateway"], ["promote"], ["rollback"]],
+)
 def test_help(command: list[str]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "flows.cli", *command, "--help"],

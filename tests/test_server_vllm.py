@@ -3,6 +3,8 @@ detected by the generation probe and restarted."""
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -31,8 +33,22 @@ def test_a_stalled_server_is_restarted(tiny_model_path: Path, tmp_path: Path) ->
         assert process is not None
         os.killpg(process.pid, signal.SIGSTOP)  # alive, listening, producing nothing
         assert not server.alive()
-        assert server.ensure_alive()
-        assert process.poll() is not None, "the stalled process group was ended"
+        stop = threading.Event()
+        result: list[int] = []
+        supervisor = threading.Thread(
+            target=lambda: result.append(server.supervise(stop, interval_s=0.5, strikes=2))
+        )
+        supervisor.start()
+        try:
+            process.wait(timeout=120)  # the supervisor ends the stalled group...
+            deadline = time.monotonic() + 300
+            while not server.alive():  # ...and brings a new one up
+                assert time.monotonic() < deadline, "no restart within 300 s"
+                stop.wait(1.0)
+        finally:
+            stop.set()
+            supervisor.join()
+        assert result == [1]
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert (
             httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code

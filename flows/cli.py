@@ -151,6 +151,11 @@ def _parser() -> argparse.ArgumentParser:
     _store_arguments(rollback)
     rollback.set_defaults(handler=_rollback)
 
+    status = commands.add_parser("status", help="the serving version, versions, recent rounds")
+    status.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
+    status.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    status.set_defaults(handler=_status)
+
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
     prepare.add_argument("--model", default="smollm2", choices=MODELS)
     prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
@@ -252,6 +257,40 @@ def _rollback(args: argparse.Namespace) -> int:
     _tell_gateway(args.gateway_url, "/admin/sync", None)
     print(f"{event.to_version} now serves (was {event.from_version})")
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from memory import store
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        serving = store.promoted_policy(session)
+        versions = store.policy_versions(session)
+        rounds = store.training_rounds(session)
+        counts = store.attempt_counts(session)
+    if serving is None:
+        print("no policy version yet: run `flywheel run`")
+        return 0
+    print(f"serving: {serving.name} (held-out pass@1 {_score(serving.eval_pass_at_1)})")
+    print(f"attempts stored: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}")
+    print("versions:")
+    for v in versions:
+        mark = "*" if v.name == serving.name else " "
+        print(
+            f" {mark} {v.name:<28} round {v.round_index:<3} pass@1 {_score(v.eval_pass_at_1)}"
+            f"  {'promoted' if v.promoted else ''}"
+        )
+    print("recent rounds:")
+    for r in rounds:
+        tokens = r.metrics.get("train_tokens", "-")
+        print(
+            f"   {r.round_index:<3} {r.status:<8} {r.policy_in} -> {r.policy_out or '-'}"
+            f"  train tokens {tokens}"
+        )
+    return 0
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _tell_gateway(url: str | None, route: str, body: Any) -> None:

@@ -193,6 +193,26 @@ def promoted_history(session: Session) -> list[PolicyVersion]:
     return [PolicyVersion.model_validate(row) for row in rows]
 
 
+def policy_versions(session: Session) -> list[PolicyVersion]:
+    rows = session.scalars(select(PolicyVersionRow).order_by(PolicyVersionRow.id))
+    return [PolicyVersion.model_validate(row) for row in rows]
+
+
+def training_rounds(session: Session, last: int = 5) -> list[TrainingRound]:
+    query = select(TrainingRoundRow).order_by(TrainingRoundRow.round_index.desc()).limit(last)
+    return [TrainingRound.model_validate(row) for row in reversed(session.scalars(query).all())]
+
+
+def attempt_counts(session: Session) -> dict[str, int]:
+    """Stored attempts per group purpose (train, eval, capture)."""
+    query = (
+        select(RolloutGroupRow.purpose, func.count(AttemptRow.id))
+        .join(AttemptRow, AttemptRow.group_id == RolloutGroupRow.id)
+        .group_by(RolloutGroupRow.purpose)
+    )
+    return {purpose: count for purpose, count in session.execute(query)}
+
+
 def _migrate(engine: Engine) -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))

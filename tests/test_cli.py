@@ -89,3 +89,34 @@ def test_promote_and_rollback_by_hand(tmp_path: Path, capsys) -> None:
         assert store.promoted_policy(session).name == "v2"
         actions = [e.action for e in store.alias_events(session, "policy")]
     assert actions == ["refuse", "promote", "promote", "rollback"]
+
+
+def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) -> None:
+    from memory import store
+    from memory.records import PolicyVersion, TrainingRound
+    from tests.conftest import make_group
+
+    db = f"sqlite:///{tmp_path / 'status.db'}"
+    assert main(["status", "--db", db]) == 0
+    assert "no policy version yet" in capsys.readouterr().out
+    with store.transaction(store.open_store(db)) as session:
+        store.save_policy_version(session, PolicyVersion(name="base", base_model="m"))
+        store.record_evaluation(session, "base", 0.25)
+        store.set_promoted(session, "base", True)
+        store.save_group(session, make_group([1.0, 0.0, 0.0]))
+        store.save_training_round(
+            session,
+            TrainingRound(
+                round_index=1,
+                method="grpo",
+                policy_in="base",
+                policy_out="p1",
+                status="done",
+                metrics={"train_tokens": 42},
+            ),
+        )
+    assert main(["status", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "serving: base (held-out pass@1 0.250)" in out
+    assert "attempts stored: train 3" in out
+    assert "1   done     base -> p1  train tokens 42" in out

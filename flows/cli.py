@@ -77,13 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--taskset", default=defaults["taskset"], help="task set (default %(default)s)"
     )
-    run.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
-    run.add_argument(
-        "--workdir",
-        type=Path,
-        default=Path(".flywheel"),
-        help="models, adapters, logs and the default database (default .flywheel)",
-    )
+    _db_arguments(run)
     run.add_argument(
         "--model",
         default="smollm2",
@@ -125,8 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     gateway.add_argument("--host", default="127.0.0.1")
     gateway.add_argument("--port", type=int, default=8000)
-    gateway.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
-    gateway.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    _db_arguments(gateway)
     gateway.add_argument("--model", default="smollm2", help="the base model the upstreams serve")
     gateway.add_argument("--alias", default="policy", help="stable model name (default policy)")
     gateway.add_argument(
@@ -152,8 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     rollback.set_defaults(handler=_rollback)
 
     status = commands.add_parser("status", help="the serving version, versions, recent rounds")
-    status.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
-    status.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    _db_arguments(status)
     status.set_defaults(handler=_status)
 
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
@@ -163,13 +155,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _store_arguments(parser: argparse.ArgumentParser) -> None:
+def _db_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default=None, help="database URL (default SQLite in the workdir)")
-    parser.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".flywheel"),
+        help="models, adapters, logs and the default database (default .flywheel)",
+    )
+
+
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    _db_arguments(parser)
     parser.add_argument(
         "--gateway-url",
         default=None,
-        help="also tell this running gateway (admin key from FLYWHEEL_ADMIN_KEY)",
+        help="also tell this running gateway (admin key from FLYWHEEL_ADMIN_KEYS)",
     )
 
 
@@ -318,7 +319,7 @@ def _run(args: argparse.Namespace) -> int:
     from verifiers.reasoning import preset
 
     preset(args.taskset)
-    db_url = args.db or f"sqlite:///{args.workdir}/flywheel.db"
+    db_url = _db_url(args)
     settings = RunSettings(
         rounds=_positive(args.rounds, "--rounds"),
         tasks=_positive(args.tasks, "--tasks"),

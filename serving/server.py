@@ -126,9 +126,7 @@ class VllmServer:
         """
         if self.alive():
             return False
-        log.warning("vLLM on %s is not generating; restarting it", self.url)
-        self.stop()
-        self.start()
+        self.restart("it is not generating")
         return True
 
     def supervise(self, stop: threading.Event, interval_s: float = 10.0, strikes: int = 2) -> int:
@@ -138,13 +136,14 @@ class VllmServer:
         while not stop.wait(interval_s):
             failures = 0 if self.alive() else failures + 1
             if failures >= strikes:
-                log.warning(
-                    "vLLM on %s failed %d probes in a row; restarting it", self.url, failures
-                )
-                self.stop()
-                self.start()
+                self.restart(f"it failed {failures} probes in a row")
                 restarts, failures = restarts + 1, 0
         return restarts
+
+    def restart(self, reason: str) -> None:
+        log.warning("restarting vLLM on %s: %s", self.url, reason)
+        self.stop()
+        self.start()
 
     def stop(self) -> None:
         process, self._process = self._process, None

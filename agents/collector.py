@@ -6,6 +6,9 @@
    incomplete (never trained on); the rest of the batch goes on.
 3. Each group is handed to `on_group` as soon as it is whole, so a crash loses at most the groups
    in flight; tasks listed in `skip` (already stored) are not sampled again.
+4. Guided half-groups: the first `guided_fraction` of a group's slots are sampled with a worked
+   example in context (`agents.context`). Each guided attempt keeps the bare prompt's ids, as
+   the server tokenised them for the group's unguided attempts, so training can distil it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from agents.context import Messages, bare_messages, demo_messages, demo_text
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
-from memory.records import Attempt, Group, GroupPurpose, SamplingSettings
-from verifiers.reasoning import verify
+from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
+from verifiers.reasoning import verify, worked_example
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)
@@ -40,13 +44,10 @@ class CollectSettings(BaseModel):
     temperature: float = 1.0
     max_tokens: int = 128
     system_prompt: str = SYSTEM_PROMPT
+    guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
 
-
-def prompt_messages(task: Task, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, Any]]:
-    return [
-        {"role": "system", "content": system_prompt},
-        {"role": "user", "content": task.question},
-    ]
+    def guided_slots(self) -> int:
+        return round(self.group_size * self.guided_fraction)
 
 
 async def collect_groups(
@@ -96,17 +97,31 @@ async def collect_group(
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
 ) -> Group:
-    messages = prompt_messages(task, settings.system_prompt)
+    bare = bare_messages(task, settings.system_prompt)
+    example = worked_example(task.taskset)
+    demo = demo_messages(task, settings.system_prompt, example)
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
     attempts_G: list[Attempt | None] = [None] * settings.group_size
 
     async def run_attempt(index: int) -> None:
+        guided = index < settings.guided_slots()
         async with limiter:
-            attempts_G[index] = await attempt_task(client, task, messages, model, sampling, index)
+            attempts_G[index] = await attempt_task(
+                client,
+                task,
+                demo if guided else bare,
+                model,
+                sampling,
+                index,
+                kind="guided" if guided else "base",
+                context="demo" if guided else "bare",
+                guidance=demo_text(example) if guided else None,
+            )
 
     async with anyio.create_task_group() as tg:
         for index in range(settings.group_size):
             tg.start_soon(run_attempt, index)
+    attempts = await _with_bare_ids([a for a in attempts_G if a is not None], client, model, bare)
     return Group(
         round_index=round_index,
         purpose=purpose,
@@ -115,8 +130,26 @@ async def collect_group(
         question=task.question,
         policy_version=model,
         size=settings.group_size,
-        attempts=[a for a in attempts_G if a is not None],
+        attempts=attempts,
     )
+
+
+async def _with_bare_ids(
+    attempts: list[Attempt], client: PolicyClient, model: str, bare: Messages
+) -> list[Attempt]:
+    """Give guided attempts the bare prompt's ids: from an unguided sample, else /tokenize."""
+    if not any(a.guided for a in attempts):
+        return attempts
+    ids = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
+    if ids is None:
+        try:
+            ids = await client.tokenize(model, bare)
+        except PolicyError as exc:
+            log.warning("no bare prompt ids; guided attempts will not be distilled: %s", exc)
+            return attempts
+    return [
+        a.model_copy(update={"bare_prompt_token_ids": ids}) if a.guided else a for a in attempts
+    ]
 
 
 async def attempt_task(
@@ -126,8 +159,19 @@ async def attempt_task(
     model: str,
     sampling: SamplingSettings,
     index: int,
+    *,
+    kind: AttemptKind = "base",
+    context: str = "bare",
+    guidance: str | None = None,
 ) -> Attempt:
-    base = {"sample_index": index, "policy_version": model, "messages": messages}
+    base = {
+        "sample_index": index,
+        "kind": kind,
+        "policy_version": model,
+        "messages": messages,
+        "context": context,
+        "guidance": guidance,
+    }
     try:
         sample = await client.sample(model, messages, sampling)
     except PolicyError as exc:

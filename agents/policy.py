@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import httpx
 import openai
 from openai import AsyncOpenAI
 
@@ -28,18 +29,31 @@ class PolicyClient:
         api_key: str = "EMPTY",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_retries: int = 2,
-        http_client: Any = None,
+        http_client: httpx.AsyncClient | None = None,
     ) -> None:
+        self._root = base_url.rstrip("/")
+        self._http = http_client or httpx.AsyncClient(timeout=timeout_s)
         self._client = AsyncOpenAI(
-            base_url=f"{base_url.rstrip('/')}/v1",
+            base_url=f"{self._root}/v1",
             api_key=api_key,
             timeout=timeout_s,
             max_retries=max_retries,
-            http_client=http_client,
+            http_client=self._http,
         )
 
     async def aclose(self) -> None:
         await self._client.close()
+        await self._http.aclose()
+
+    async def tokenize(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt ids the server would sample `messages` under (vLLM's /tokenize)."""
+        body = {"model": model, "messages": messages, "add_generation_prompt": True}
+        try:
+            response = await self._http.post(f"{self._root}/tokenize", json=body)
+            response.raise_for_status()
+            return list(response.json()["tokens"])
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise PolicyError(f"tokenize failed: {_first_line(str(exc))}") from exc
 
     async def sample(
         self, model: str, messages: list[dict[str, Any]], sampling: SamplingSettings

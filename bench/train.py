@@ -107,7 +107,7 @@ def plain_sft(groups: list[Group], model_path: Path, settings: TrainSettings, sc
     from trainer.dataset import build_rows
     from trainer.round import lora_config, training_config
 
-    rows = build_rows(groups, settings.max_length)
+    rows = build_rows(groups, settings)
     dataset = Dataset.from_list([{"input_ids": r.input_ids, "labels": r.labels} for r in rows])
     trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_path),

@@ -18,6 +18,21 @@ from typing import Any
 EXIT_BAD_INPUT = 2
 MODELS = ("smollm2", "tiny")
 DEFAULT_SERVER_PYTHON = Path(".venv-serving/bin/python")
+MODES = ("grpo", "r3l", "rltldr")
+# flag -> (settings key, type, help); `train.x` keys are training-round settings.
+RUN_FLAGS: dict[str, tuple[str, type, str]] = {
+    "--rounds": ("rounds", int, "flywheel rounds"),
+    "--tasks": ("tasks", int, "train tasks per round"),
+    "--group-size": ("group_size", int, "attempts per task"),
+    "--eval-tasks": ("eval_tasks", int, "held-out tasks"),
+    "--taskset": ("taskset", str, "task set"),
+    "--temperature": ("temperature", float, "sampling temperature of train attempts"),
+    "--guided-fraction": ("guided_fraction", float, "share of each group sampled with guidance"),
+    "--reflect-retry": ("reflect_retry", int, "1: reflect on failed attempts and retry (R3L)"),
+    "--mode": ("train.mode", str, "advantage mode"),
+    "--learning-rate": ("train.learning_rate", float, "LoRA learning rate"),
+    "--epochs": ("train.epochs", int, "passes over a round's rows"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,34 +64,19 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run flywheel rounds: collect, train, swap, evaluate")
+    run.add_argument(
+        "--config", type=Path, default=None, help="TOML file of run settings (flags win over it)"
+    )
     defaults = _run_defaults()
-    run.add_argument(
-        "--rounds",
-        type=int,
-        default=defaults["rounds"],
-        help="flywheel rounds (default %(default)s)",
-    )
-    run.add_argument(
-        "--tasks",
-        type=int,
-        default=defaults["tasks"],
-        help="train tasks per round (default %(default)s)",
-    )
-    run.add_argument(
-        "--group-size",
-        type=int,
-        default=defaults["group_size"],
-        help="attempts per task (default %(default)s)",
-    )
-    run.add_argument(
-        "--eval-tasks",
-        type=int,
-        default=defaults["eval_tasks"],
-        help="held-out tasks (default %(default)s)",
-    )
-    run.add_argument(
-        "--taskset", default=defaults["taskset"], help="task set (default %(default)s)"
-    )
+    for flag, (key, kind, text) in RUN_FLAGS.items():
+        choices = MODES if key == "train.mode" else None
+        run.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            choices=choices,
+            help=f"{text} (default {defaults[key]})",
+        )
     _db_arguments(run)
     run.add_argument(
         "--model",
@@ -310,25 +310,25 @@ def _tell_gateway(url: str | None, route: str, body: Any) -> None:
 def _run_defaults() -> dict[str, Any]:
     from flows.settings import RunSettings
 
-    return {name: field.default for name, field in RunSettings.model_fields.items()}
+    defaults = RunSettings().model_dump()
+    flat = {key: value for key, value in defaults.items() if not isinstance(value, dict)}
+    flat |= {f"train.{key}": value for key, value in defaults["train"].items()}
+    return flat
 
 
 def _run(args: argparse.Namespace) -> int:
-    from flows.settings import RunSettings
+    from flows.settings import load_run_settings
     from memory.store import open_store
     from verifiers.reasoning import preset
 
-    preset(args.taskset)
-    db_url = _db_url(args)
-    settings = RunSettings(
-        rounds=_positive(args.rounds, "--rounds"),
-        tasks=_positive(args.tasks, "--tasks"),
-        group_size=_positive(args.group_size, "--group-size", minimum=2),
-        eval_tasks=_positive(args.eval_tasks, "--eval-tasks"),
-        taskset=args.taskset,
-        db_url=db_url,
-        workdir=args.workdir,
-    )
+    overrides: dict[str, Any] = {"db_url": _db_url(args), "workdir": args.workdir}
+    for flag, (key, _, _) in RUN_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides[key] = value
+    labels = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
+    settings = load_run_settings(args.config, overrides, labels)
+    preset(settings.taskset)
     open_store(settings.db_url).dispose()
     model_path = _model_folder(args.model, args.workdir)
     served_name = model_path.name
@@ -389,12 +389,6 @@ def _model_folder(model: str, workdir: Path) -> Path:
     if not (folder / "config.json").is_file():
         raise ValueError(f"--model {model!r} is neither {' nor '.join(MODELS)} nor a model folder")
     return folder
-
-
-def _positive(value: int, flag: str, minimum: int = 1) -> int:
-    if value < minimum:
-        raise ValueError(f"{flag} must be at least {minimum}, got {value}")
-    return value
 
 
 def _is_user_facing(exc: Exception) -> bool:

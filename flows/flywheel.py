@@ -4,8 +4,10 @@
 2. Each round samples G attempts per train task from the promoted version, verifies and stores
    them, trains a LoRA on the complete groups, hot-loads it into vLLM under a new versioned name,
    evaluates it on the same held-out tasks, and promotes it only if it is not worse.
-3. Every stage is idempotent through the store: stored groups are not sampled again, so a re-run
-   after a crash resumes the round.
+3. Every stage is idempotent through the store: stored groups are not sampled again, and the
+   round's record (its data cursor: the group ids, and the version name) is committed before
+   training, so a re-run after a crash trains the same groups under the same name, resuming from
+   the trainer's last save, and a published checkpoint is never trained twice.
 """
 
 from __future__ import annotations
@@ -180,6 +182,35 @@ async def flywheel_run(
     return summary
 
 
+def _round_record(
+    settings: RunSettings, round_index: int, current: PolicyVersion, groups: list[Group]
+) -> tuple[TrainingRound, list[Group]]:
+    """The round's record with its data cursor: the one stored, or a new one committed now."""
+    engine = _engine(settings.db_url)
+    with store.transaction(engine) as session:
+        stored = store.training_round(session, round_index)
+        if stored is not None and stored.status == "running" and stored.group_ids:
+            get_run_logger().info(
+                "round %d: resuming %s on its %d recorded groups",
+                round_index,
+                stored.policy_out,
+                len(stored.group_ids),
+            )
+            return stored, store.groups_by_id(session, stored.group_ids)
+        trainable = [g for g in groups if g.complete]
+        record = TrainingRound(
+            round_index=round_index,
+            method=settings.train.mode,
+            policy_in=current.name,
+            policy_out=f"policy-r{round_index}-{uuid.uuid4().hex[:6]}",
+            status="running",
+            hyperparameters=settings.train.model_dump(),
+            group_ids=[g.id for g in trainable if g.id is not None],
+        )
+        store.save_training_round(session, record)
+    return record, trainable
+
+
 async def _run_round(
     settings: RunSettings, server_url: str, base_model: Path, held_out: list[Task], clock: _Clock
 ) -> RoundSummary:
@@ -201,6 +232,7 @@ async def _run_round(
     )
     stages["collect"] = clock.add("collect", started)
     attempts = [a for g in groups for a in g.attempts]
+    bare = [a for g in groups for a in g.bare_attempts]
     result = RoundSummary(
         round_index=round_index,
         policy_version=None,
@@ -208,6 +240,8 @@ async def _run_round(
         adapter_path=None,
         rollouts=len(attempts),
         successes=sum(a.correct for a in attempts),
+        bare_rollouts=len(bare),
+        bare_successes=sum(a.correct for a in bare),
         train_tokens=0,
         eval_pass_at_1=None,
         eval_format_rate=None,
@@ -215,20 +249,12 @@ async def _run_round(
     )
     logger.info("round %d: %d rollouts, %d correct", round_index, result.rollouts, result.successes)
 
-    name = f"policy-r{round_index}-{uuid.uuid4().hex[:6]}"
-    record = TrainingRound(
-        round_index=round_index,
-        method="grpo",
-        policy_in=current.name,
-        policy_out=None,
-        status="running",
-        hyperparameters=settings.train.model_dump(),
-    )
-    with store.transaction(engine) as session:
-        store.save_training_round(session, record)
+    record, groups = _round_record(settings, round_index, current, groups)
+    name = record.policy_out
+    assert name is not None
     started = time.monotonic()
     try:
-        trained = train(settings, [g for g in groups if g.complete], base_model, current, name)
+        trained = train(settings, groups, base_model, current, name)
     except TrainerError as exc:
         stages["train"] = clock.add("train", started)
         logger.warning("round %d skipped: %s", round_index, exc)

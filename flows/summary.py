@@ -14,6 +14,8 @@ class RoundSummary(BaseModel):
     adapter_path: str | None
     rollouts: int
     successes: int
+    bare_rollouts: int = 0
+    bare_successes: int = 0
     train_tokens: int
     eval_pass_at_1: float | None
     eval_format_rate: float | None
@@ -39,6 +41,7 @@ def format_table(summary: RunSummary) -> str:
         "version",
         "rollouts",
         "successes",
+        "bare ok",
         "train tok",
         "pass@1",
         "format",
@@ -48,6 +51,7 @@ def format_table(summary: RunSummary) -> str:
         (
             "base",
             summary.base_model,
+            "-",
             "-",
             "-",
             "-",
@@ -63,6 +67,7 @@ def format_table(summary: RunSummary) -> str:
                 r.policy_version or "(none)",
                 str(r.rollouts),
                 str(r.successes),
+                _ratio(r.bare_successes, r.bare_rollouts),
                 str(r.train_tokens),
                 _fmt(r.eval_pass_at_1, 3),
                 _fmt(r.eval_format_rate, 2),
@@ -77,6 +82,7 @@ def format_table(summary: RunSummary) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(f"held-out: {summary.eval_tasks} {summary.taskset} tasks, greedy, no guidance")
+    lines.append("bare ok: success rate of the train attempts sampled with no guidance")
     lines.append(_verdict(summary))
     return "\n".join(lines)
 
@@ -96,6 +102,10 @@ def _verdict(summary: RunSummary) -> str:
     if base - best > noise:
         return f"worse: {change}."
     return f"no clear change: {change}, within noise (2 standard errors: {noise:.3f})."
+
+
+def _ratio(hits: int, total: int) -> str:
+    return "-" if total == 0 else f"{hits / total:.2f}"
 
 
 def _fmt(value: float | None, digits: int) -> str:

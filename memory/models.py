@@ -48,6 +48,7 @@ class TrainingRoundRow(Base):
     status: Mapped[str] = mapped_column(String(20))
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(default=dict)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    group_ids: Mapped[list[Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
@@ -95,6 +96,12 @@ class AttemptRow(Base):
     answer: Mapped[str | None] = mapped_column(Text)
     reason: Mapped[str] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    context: Mapped[str] = mapped_column(String(50), default="bare")
+    guidance: Mapped[str | None] = mapped_column(Text)
+    bare_prompt_token_ids: Mapped[list[Any] | None] = mapped_column()
+    parent_index: Mapped[int | None] = mapped_column(Integer)
+    pivot_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    improved: Mapped[bool | None] = mapped_column(Boolean)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")

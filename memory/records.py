@@ -9,10 +9,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-AttemptKind = Literal["base"]
+AttemptKind = Literal["base", "guided", "retry", "reflection", "insight"]
 GroupPurpose = Literal["train", "eval", "capture"]
+AdvantageMode = Literal["grpo", "r3l", "rltldr"]
 
 
 class Record(BaseModel):
@@ -59,6 +60,13 @@ class Attempt(Record):
     """One rollout of one task: the messages, what was sampled, and the verifier's verdict.
 
     A failed rollout (server error, timeout) is data: `error` says why and reward is 0.
+
+    `context` names the guidance that was in the prompt ("bare" when none); a guided attempt
+    keeps `bare_prompt_token_ids`, the prompt without guidance, so training can distil it into
+    the bare prompt. A retry points at the attempt it retries (`parent_index`) and at the pivot:
+    `pivot_tokens` completion tokens replayed verbatim from the parent, never trained on. Kinds
+    "reflection" and "insight" hold the policy's own text about another attempt, which
+    `improved` marks when it led to a better retry.
     """
 
     sample_index: int
@@ -73,11 +81,22 @@ class Attempt(Record):
     answer: str | None
     reason: str
     error: str | None = None
+    context: str = "bare"
+    guidance: str | None = None
+    bare_prompt_token_ids: list[int] | None = None
+    parent_index: int | None = None
+    pivot_tokens: int = Field(0, ge=0)
+    improved: bool | None = None
+
+    @property
+    def guided(self) -> bool:
+        return self.context != "bare"
 
 
 class Group(Record):
     """All attempts of one task under one policy version in one round: the GRPO unit."""
 
+    id: int | None = None
     round_index: int
     purpose: GroupPurpose
     task_id: str
@@ -89,13 +108,28 @@ class Group(Record):
 
     @property
     def complete(self) -> bool:
-        """Trainable only when every slot holds an attempt and none failed for infrastructure."""
-        indices = {a.sample_index for a in self.attempts}
-        no_errors = all(a.error is None for a in self.attempts)
+        """Trainable only when every slot holds a first attempt and none failed for
+        infrastructure. Retries, reflections and insights are extras on top of the slots."""
+        firsts = [a for a in self.attempts if a.kind in ("base", "guided")]
+        indices = {a.sample_index for a in firsts}
+        no_errors = all(a.error is None for a in firsts)
         return indices == set(range(self.size)) and no_errors
+
+    @property
+    def first_attempts(self) -> list[Attempt]:
+        """One attempt per slot, as first sampled (no retries or reflections)."""
+        return [a for a in self.attempts if a.kind in ("base", "guided")]
+
+    @property
+    def bare_attempts(self) -> list[Attempt]:
+        """First attempts with nothing in context: the ones metrics are reported on."""
+        return [a for a in self.first_attempts if not a.guided]
 
 
 class TrainingRound(Record):
+    """A round's record; `group_ids` is its data cursor, committed before training starts, so a
+    killed round resumes on exactly the same groups."""
+
     round_index: int
     method: str
     policy_in: str
@@ -103,6 +137,12 @@ class TrainingRound(Record):
     status: Literal["running", "done", "failed", "skipped"]
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    group_ids: list[int] = Field(default_factory=list)
+
+    @field_validator("group_ids", mode="before")
+    @classmethod
+    def _no_cursor(cls, value: Any) -> Any:
+        return [] if value is None else value
 
 
 class AliasEvent(Record):

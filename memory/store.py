@@ -109,6 +109,19 @@ def load_groups(
     return [_group_record(row) for row in rows]
 
 
+def groups_by_id(session: Session, group_ids: list[int]) -> list[Group]:
+    """The groups of a data cursor, in cursor order; `StoreError` if one is gone."""
+    query = select(RolloutGroupRow).where(RolloutGroupRow.id.in_(group_ids))
+    rows = {
+        row.id: row
+        for row in session.scalars(query.options(selectinload(RolloutGroupRow.attempts)))
+    }
+    missing = [gid for gid in group_ids if gid not in rows]
+    if missing:
+        raise StoreError(f"groups {missing[:5]} of the round's cursor are missing")
+    return [_group_record(rows[gid]) for gid in group_ids]
+
+
 def record_feedback(session: Session, task_id: str, score: float, reason: str) -> None:
     """Attach a score (user feedback or a later verifier) to a captured trajectory."""
     group = session.scalars(
@@ -166,6 +179,11 @@ def save_training_round(session: Session, record: TrainingRound) -> None:
         for name, value in values.items():
             setattr(row, name, value)
     session.flush()
+
+
+def training_round(session: Session, round_index: int) -> TrainingRound | None:
+    row = session.scalars(select(TrainingRoundRow).filter_by(round_index=round_index)).first()
+    return None if row is None else TrainingRound.model_validate(row)
 
 
 def next_round_index(session: Session) -> int:
@@ -253,6 +271,12 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "answer": attempt.answer,
         "reason": attempt.reason,
         "error": attempt.error,
+        "context": attempt.context,
+        "guidance": attempt.guidance,
+        "bare_prompt_token_ids": attempt.bare_prompt_token_ids,
+        "parent_index": attempt.parent_index,
+        "pivot_tokens": attempt.pivot_tokens,
+        "improved": attempt.improved,
     }
 
 
@@ -261,7 +285,7 @@ def _refresh_group_stats(session: Session, group_id: int) -> None:
     assert row is not None
     session.refresh(row, ["attempts"])
     group = _group_record(row)
-    rewards = [a.reward for a in group.attempts]
+    rewards = [a.reward for a in group.first_attempts]
     row.complete = group.complete
     row.reward_mean = statistics.fmean(rewards) if rewards else None
     row.reward_std = statistics.pstdev(rewards) if rewards else None
@@ -270,6 +294,7 @@ def _refresh_group_stats(session: Session, group_id: int) -> None:
 
 def _group_record(row: RolloutGroupRow) -> Group:
     return Group(
+        id=row.id,
         round_index=row.round_index,
         purpose=row.purpose,  # type: ignore[arg-type]
         task_id=row.task_id,
@@ -305,6 +330,12 @@ def _attempt_record(row: AttemptRow) -> Attempt:
             "answer": row.answer,
             "reason": row.reason,
             "error": row.error,
+            "context": row.context,
+            "guidance": row.guidance,
+            "bare_prompt_token_ids": row.bare_prompt_token_ids,
+            "parent_index": row.parent_index,
+            "pivot_tokens": row.pivot_tokens,
+            "improved": row.improved,
         }
     )
 

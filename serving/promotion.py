@@ -21,7 +21,7 @@ DEFAULT_ALIAS = "policy"
 class Gate(BaseModel):
     """The evaluation gate: how much better than the serving version a candidate must be."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     min_gain: float = 0.0
 

@@ -31,8 +31,10 @@ def test_help(command: list[str]) -> None:
     ("args", "message"),
     [
         (["--taskset", "nope"], "unknown task set 'nope'"),
-        (["--rounds", "0"], "--rounds must be at least 1"),
-        (["--group-size", "1"], "--group-size must be at least 2"),
+        (["--rounds", "0"], "--rounds: Input should be greater than or equal to 1"),
+        (["--group-size", "1"], "--group-size: Input should be greater than or equal to 2"),
+        (["--guided-fraction", "2"], "--guided-fraction: Input should be less than or equal to 1"),
+        (["--config", "/no/such.toml"], "cannot read config /no/such.toml"),
         (["--db", "mysql://x@h/db"], "unsupported database 'mysql'"),
         (["--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "cannot open database"),
         (["--model", "/no/such/folder"], "neither smollm2 nor tiny nor a model folder"),

@@ -15,7 +15,8 @@ def test_groups_round_trip_with_tokens_and_logprobs(db_url: str) -> None:
         store.save_group(session, group)
     with store.transaction(engine) as session:
         (loaded,) = store.load_groups(session, "train", round_index=1, complete_only=True)
-    assert loaded == group
+    assert loaded == group.model_copy(update={"id": loaded.id})
+    assert loaded.id is not None
     assert loaded.attempts[0].sample is not None
     assert loaded.attempts[0].sample.completion_token_ids == [100, 101, 102, 103, 104]
     assert loaded.attempts[0].sample.logprobs == [-1.0] * 5

@@ -1,17 +1,28 @@
 """Training rows from stored groups, on exactly the token ids the server sampled.
 
-Each attempt of a complete group becomes one row: the prompt ids (masked out with -100 labels),
-the completion ids (trained), the group advantage on every completion token, and the behaviour
-logprobs for the importance-sampling correction. Groups without reward variance are dropped:
-their advantages are all zero.
+1. A group's members are its first attempts and its retries; one advantage mode scores them
+   (`trainer.advantages`). Members whose advantage is zero are dropped.
+2. Context at train time: a guided member is trained as a *distill copy*, its sampled completion
+   under the bare prompt (the ids the server tokenised for the unguided attempts), without the
+   importance weight, since it was never sampled under that prompt. With `distill_guided` off
+   it is trained under its own guided prompt, importance-weighted like any sample.
+3. Pivotal credit: a retry replays its parent's first `pivot_tokens` completion tokens; those
+   tokens get no gradient, in the retry and in the parent it is paired with.
+4. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
+   that led to it. RLTLDR filters the rows to a positive ratio and adds insight SFT rows (the
+   insight given only the task, weight lambda).
 """
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 from pydantic import BaseModel, ConfigDict
 
-from memory.records import Group
-from trainer.advantages import grpo_advantages
+from memory.records import Attempt, Group
+from trainer.advantages import advantages
+from trainer.settings import TrainSettings
 
 IGNORE = -100
 
@@ -23,34 +34,110 @@ class TrainRow(BaseModel):
     labels: list[int]
     advantages: list[float]
     behaviour_logprobs: list[float]
+    importance: bool = True
+    reward: float = 0.0
+    context: str = "bare"
 
     @property
     def trained_tokens(self) -> int:
         return sum(1 for label in self.labels if label != IGNORE)
 
 
-def build_rows(groups: list[Group], max_length: int) -> list[TrainRow]:
+def build_rows(groups: list[Group], settings: TrainSettings) -> list[TrainRow]:
+    """The rows of one round, in group order (RLTLDR's filter uses `settings.seed`)."""
     rows: list[TrainRow] = []
+    extras: list[TrainRow] = []
     for group in groups:
-        if not group.complete:
-            continue
-        advantages_G = grpo_advantages([a.reward for a in group.attempts])
-        for attempt, advantage in zip(group.attempts, advantages_G, strict=True):
-            if advantage == 0.0 or attempt.sample is None:
-                continue
-            sample = attempt.sample
-            prompt, completion = sample.prompt_token_ids, sample.completion_token_ids
-            n_prompt = len(prompt)
-            input_ids = (prompt + completion)[:max_length]
-            n_completion = len(input_ids) - n_prompt
-            if n_completion <= 0:
-                continue
-            rows.append(
-                TrainRow(
-                    input_ids=input_ids,
-                    labels=[IGNORE] * n_prompt + completion[:n_completion],
-                    advantages=[0.0] * n_prompt + [advantage] * n_completion,
-                    behaviour_logprobs=[0.0] * n_prompt + sample.logprobs[:n_completion],
-                )
-            )
+        if group.complete:
+            rows += _member_rows(group, settings)
+            extras += _extra_rows(group, settings)
+    if settings.mode == "rltldr":
+        rows = positive_ratio_filter(rows, settings.positive_ratio, random.Random(settings.seed))
+    return rows + extras
+
+
+def context_counts(rows: list[TrainRow]) -> dict[str, int]:
+    """How many rows were trained under each context, for the round's record."""
+    return dict(Counter(row.context for row in rows))
+
+
+def positive_ratio_filter(rows: list[TrainRow], ratio: float, rng: random.Random) -> list[TrainRow]:
+    """Subsample so that `ratio` of the rows have a positive reward (RLTLDR)."""
+    positive = [i for i, row in enumerate(rows) if row.reward > 0]
+    negative = [i for i, row in enumerate(rows) if row.reward <= 0]
+    if not positive or not negative:
+        return rows
+    if len(positive) / len(rows) < ratio:
+        keep = round(len(positive) * (1 - ratio) / ratio)
+        negative = rng.sample(negative, max(1, keep))
+    else:
+        keep = round(len(negative) * ratio / (1 - ratio))
+        positive = rng.sample(positive, max(1, min(keep, len(positive))))
+    kept = set(positive) | set(negative)
+    return [row for i, row in enumerate(rows) if i in kept]
+
+
+def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
+    retries = [a for a in group.attempts if a.kind == "retry" and a.error is None]
+    members = group.first_attempts + retries
+    pivots = {a.parent_index: a.pivot_tokens for a in retries}
+    scores = advantages(settings.mode, [a.reward for a in members], settings.amplification)
+    rows = []
+    for attempt, advantage in zip(members, scores, strict=True):
+        pivot = attempt.pivot_tokens or pivots.get(attempt.sample_index, 0)
+        if advantage != 0.0 and (row := _row(attempt, advantage, pivot, settings)) is not None:
+            rows.append(row)
     return rows
+
+
+def _extra_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
+    rows: list[TrainRow | None] = []
+    for attempt in group.attempts:
+        if attempt.error is not None or attempt.sample is None:
+            continue
+        if settings.mode == "r3l" and attempt.improved and attempt.kind in ("retry", "reflection"):
+            advantage = advantages("r3l", [max(attempt.reward, 1.0)], settings.amplification)[0]
+            rows.append(_row(attempt, advantage, attempt.pivot_tokens, settings, distill=False))
+        if settings.mode == "rltldr" and attempt.kind == "insight":
+            rows.append(_row(attempt, settings.insight_weight, 0, settings, distill=True))
+    return [row for row in rows if row is not None]
+
+
+def _row(
+    attempt: Attempt,
+    advantage: float,
+    pivot: int,
+    settings: TrainSettings,
+    distill: bool | None = None,
+) -> TrainRow | None:
+    """One row; None when the attempt has no sample, nothing left to train, or no bare ids."""
+    sample = attempt.sample
+    if sample is None:
+        return None
+    distill = (settings.distill_guided and attempt.guided) if distill is None else distill
+    prompt = attempt.bare_prompt_token_ids if distill else sample.prompt_token_ids
+    if prompt is None:
+        return None
+    completion = sample.completion_token_ids
+    input_ids = (prompt + completion)[: settings.max_length]
+    n_prompt, n_completion = len(prompt), len(input_ids) - len(prompt)
+    if n_completion <= pivot:
+        return None
+    trained = [IGNORE] * pivot + completion[pivot:n_completion]
+    return TrainRow(
+        input_ids=input_ids,
+        labels=[IGNORE] * n_prompt + trained,
+        advantages=[0.0] * n_prompt + [advantage] * n_completion,
+        behaviour_logprobs=[0.0] * n_prompt + sample.logprobs[:n_completion],
+        importance=not distill,
+        reward=attempt.reward,
+        context=_context_name(attempt, distill),
+    )
+
+
+def _context_name(attempt: Attempt, distill: bool) -> str:
+    if attempt.kind in ("reflection", "insight"):
+        return attempt.kind
+    if not attempt.guided:
+        return "bare"
+    return f"distill:{attempt.context}" if distill else f"guided:{attempt.context}"

@@ -5,28 +5,30 @@
    training loop) with the loss swapped for a policy gradient:
    L = -mean_tokens(A * w * log pi), w = min(exp(log pi - log mu), cap) detached: truncated
    importance sampling against the behaviour logprobs mu, since samples may come from an older
-   version or another temperature.
+   version or another temperature. Distill rows (sampled under another prompt) have w = 1.
 3. A new round continues from its parent's adapter when there is one, otherwise starts LoRA on
    the base model. The adapter is published atomically; a LoRA that binds no module, or whose
    weights did not move, fails the round loudly.
+4. Trainer state is saved every `save_steps` under `checkpoint_root/.rounds/<name>`; a round
+   started again under the same name resumes from the last save, on the same rows.
 """
 
 from __future__ import annotations
 
 import logging
-import tempfile
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from memory.records import Group
 from trainer import checkpoint
-from trainer.dataset import IGNORE, TrainRow, build_rows
+from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts
 from trainer.errors import TrainerError
 from trainer.settings import TrainSettings
 
@@ -43,6 +45,8 @@ class RoundResult(BaseModel):
     loss_last: float | None
     train_seconds: float
     seconds: float
+    resumed_from_step: int = Field(0, description="-1: already published, not trained again")
+    contexts: dict[str, int] = {}
 
 
 class PolicyGradientTrainer(SFTTrainer):
@@ -61,12 +65,14 @@ class PolicyGradientTrainer(SFTTrainer):
     ) -> Any:
         advantages = inputs.pop("advantages")
         behaviour = inputs.pop("behaviour_logprobs")
+        importance = inputs.pop("importance")
         outputs = model(**inputs, use_cache=False, fused_lm_head=True)
         # The fused head scores next tokens: position t holds log pi(token t+1 | tokens <= t).
         logp = outputs.log_probs
         mask = (inputs["labels"][:, 1:] != IGNORE).float()
         advantages, behaviour = advantages[:, 1:], behaviour[:, 1:]
-        weight = torch.exp(logp.detach() - behaviour).clamp(max=self.is_cap)
+        ratio = torch.exp(logp.detach() - behaviour).clamp(max=self.is_cap)
+        weight = torch.where(importance[:, None], ratio, torch.ones_like(ratio))
         per_token = -advantages * weight * logp * mask
         loss = per_token.sum() / mask.sum().clamp(min=1.0)
         return (loss, outputs) if return_outputs else loss
@@ -81,32 +87,56 @@ def train_round(
     name: str,
     settings: TrainSettings,
 ) -> RoundResult:
-    """Train on `groups` and publish the adapter as `checkpoint_root/name`."""
+    """Train on `groups` and publish the adapter as `checkpoint_root/name`.
+
+    Started again with the same name after a crash, it resumes from the last saved step.
+    """
     started = time.monotonic()
-    rows = build_rows(groups, settings.max_length)
+    rows = build_rows(groups, settings)
     if not rows:
         raise TrainerError("no trainable rows: every group lacked reward variance")
+    published = checkpoint_root / name
+    if checkpoint.is_complete(published):
+        log.info("round %s was already published; not training again", name)
+        return _result(published, rows, [], 0.0, started, resumed_from_step=-1)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     model = _load_policy(base_model, parent_adapter, settings)
-    with tempfile.TemporaryDirectory(prefix="flywheel-trainer-") as scratch:
-        trainer = PolicyGradientTrainer(
-            model=model,
-            args=training_config(settings, scratch),
-            train_dataset=_dataset(rows),
-            data_collator=_Collator(pad_id=tokenizer.pad_token_id or 0),
-            processing_class=tokenizer,
-            peft_config=None if parent_adapter else lora_config(settings),
-            is_cap=settings.is_cap,
-        )
-        before = _lora_snapshot(trainer.model)
-        trainer.train()
+    work = checkpoint_root / ".rounds" / name
+    resume = _last_save(work)
+    trainer = PolicyGradientTrainer(
+        model=model,
+        args=training_config(settings, str(work)),
+        train_dataset=_dataset(rows),
+        data_collator=_Collator(pad_id=tokenizer.pad_token_id or 0),
+        processing_class=tokenizer,
+        peft_config=None if parent_adapter else lora_config(settings),
+        is_cap=settings.is_cap,
+    )
+    before = _lora_snapshot(trainer.model)
+    if resume is not None:
+        log.info("resuming round %s from %s", name, resume.name)
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if resume is None:
         _check_moved(before, _lora_snapshot(trainer.model))
-        staging = checkpoint.staging_dir(checkpoint_root, name)
-        trainer.model.save_pretrained(staging)
+    staging = checkpoint.staging_dir(checkpoint_root, name)
+    trainer.model.save_pretrained(staging)
     path = checkpoint.publish(staging, checkpoint_root, name)
+    shutil.rmtree(work, ignore_errors=True)
     history = trainer.state.log_history
     losses = [entry["loss"] for entry in history if "loss" in entry]
     train_seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), 0.0)
+    step = int(resume.name.split("-")[-1]) if resume else 0
+    return _result(path, rows, losses, train_seconds, started, resumed_from_step=step)
+
+
+def _result(
+    path: Path,
+    rows: list[TrainRow],
+    losses: list[float],
+    train_seconds: float,
+    started: float,
+    resumed_from_step: int,
+) -> RoundResult:
     return RoundResult(
         adapter_path=str(path),
         rows=len(rows),
@@ -115,14 +145,20 @@ def train_round(
         loss_last=losses[-1] if losses else None,
         train_seconds=train_seconds,
         seconds=time.monotonic() - started,
+        resumed_from_step=resumed_from_step,
+        contexts=context_counts(rows),
     )
+
+
+def _last_save(work: Path) -> Path | None:
+    saves = sorted(work.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
+    return saves[-1] if saves else None
 
 
 def _load_policy(base_model: Path, parent_adapter: Path | None, settings: TrainSettings) -> Any:
     from peft import PeftModel
 
-    dtype = torch.bfloat16 if _device(settings) == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=_dtype(settings))
     if parent_adapter is None:
         return model
     if not checkpoint.is_complete(parent_adapter):
@@ -153,9 +189,11 @@ def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
         lr_scheduler_type="constant",
         warmup_steps=0,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if settings.save_steps else "no",
+        save_steps=settings.save_steps or 500,
+        save_total_limit=1,
         report_to="none",
-        bf16=on_gpu,
+        bf16=_dtype(settings) == torch.bfloat16,
         gradient_checkpointing=False,
         use_cpu=not on_gpu,
         remove_unused_columns=False,
@@ -172,10 +210,17 @@ def _device(settings: TrainSettings) -> str:
     return settings.device
 
 
+def _dtype(settings: TrainSettings) -> torch.dtype:
+    if settings.dtype == "auto":
+        return torch.bfloat16 if _device(settings) == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]
+
+
 def _dataset(rows: list[TrainRow]) -> Any:
     from datasets import Dataset
 
-    return Dataset.from_list([row.model_dump() for row in rows])
+    columns = ("input_ids", "labels", "advantages", "behaviour_logprobs", "importance")
+    return Dataset.from_list([row.model_dump(include=set(columns)) for row in rows])
 
 
 class _Collator:
@@ -199,6 +244,7 @@ class _Collator:
             "labels": pad("labels", IGNORE, torch.long),
             "advantages": pad("advantages", 0.0, torch.float32),
             "behaviour_logprobs": pad("behaviour_logprobs", 0.0, torch.float32),
+            "importance": torch.tensor([bool(f["importance"]) for f in features]),
         }
 
 

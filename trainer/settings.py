@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memory.records import AdvantageMode
 
 
 class TrainSettings(BaseModel):
     """Hyperparameters of a round. Defaults are sized for SmolLM2-135M on 2 CPU cores."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
+    mode: AdvantageMode = "grpo"
+    amplification: float = Field(3.0, ge=0.0, description="R3L's alpha")
+    positive_ratio: float = Field(0.75, gt=0.0, lt=1.0, description="RLTLDR's row filter")
+    insight_weight: float = Field(0.5, ge=0.0, description="RLTLDR's lambda on insight SFT")
+    distill_guided: bool = True
     learning_rate: float = 1e-4
     lora_rank: int = 16
     lora_alpha: int = 32
@@ -19,3 +28,5 @@ class TrainSettings(BaseModel):
     is_cap: float = 2.0
     seed: int = 0
     device: str = "auto"
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    save_steps: int = Field(10, ge=0, description="trainer state saved every N steps; 0: never")

@@ -26,8 +26,12 @@ EVAL_SEED = 1_000_003
 
 @dataclass(frozen=True)
 class Preset:
+    """A reasoning-gym generator, its difficulty, and one worked example (question, solution)
+    in the answer format, which guided attempts may show the policy."""
+
     generator: str
     config: dict[str, Any] = field(default_factory=dict)
+    example: tuple[str, str] = ("Calculate 3 + 4.", "3 + 4 = 7. <answer>7</answer>")
 
 
 PRESETS: dict[str, Preset] = {
@@ -35,7 +39,12 @@ PRESETS: dict[str, Preset] = {
         "basic_arithmetic", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
     ),
     "chain_sum": Preset(
-        "chain_sum", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+        "chain_sum",
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+        (
+            "State the final answer to the following arithmetic problem: 3 + 4 =",
+            "3 + 4 = 7. <answer>7</answer>",
+        ),
     ),
 }
 
@@ -44,6 +53,11 @@ def preset(name: str) -> Preset:
     if name not in PRESETS:
         raise VerifierError(f"unknown task set {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def worked_example(name: str) -> tuple[str, str]:
+    """A solved example of the task set, in the answer format: (question, solution)."""
+    return preset(name).example
 
 
 def eval_tasks(name: str, count: int) -> list[Task]:

@@ -9,6 +9,8 @@
 4. Guided half-groups: the first `guided_fraction` of a group's slots are sampled with a worked
    example in context (`agents.context`). Each guided attempt keeps the bare prompt's ids, as
    the server tokenised them for the group's unguided attempts, so training can distil it.
+5. With `reflect_retry`, every unguided attempt short of full reward is reflected on and retried
+   (`agents.reflection`); the reflection and the retry join the group as extra attempts.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.context import Messages, bare_messages, demo_messages, demo_text
+from agents.context import Messages, bare_messages, demo_messages, demo_text, hint_messages
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
+from agents.reflection import reflect, wants_retry
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
 from verifiers.reasoning import verify, worked_example
 from verifiers.task import Task
@@ -45,6 +48,7 @@ class CollectSettings(BaseModel):
     max_tokens: int = 128
     system_prompt: str = SYSTEM_PROMPT
     guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    reflect_retry: bool = False
 
     def guided_slots(self) -> int:
         return round(self.group_size * self.guided_fraction)
@@ -122,6 +126,8 @@ async def collect_group(
         for index in range(settings.group_size):
             tg.start_soon(run_attempt, index)
     attempts = await _with_bare_ids([a for a in attempts_G if a is not None], client, model, bare)
+    if settings.reflect_retry:
+        attempts += await _reflect_and_retry(client, task, attempts, model, settings, limiter)
     return Group(
         round_index=round_index,
         purpose=purpose,
@@ -132,6 +138,55 @@ async def collect_group(
         size=settings.group_size,
         attempts=attempts,
     )
+
+
+async def _reflect_and_retry(
+    client: PolicyClient,
+    task: Task,
+    attempts: list[Attempt],
+    model: str,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+) -> list[Attempt]:
+    """Reflections and retries for the unguided attempts of a group short of full reward."""
+    failed = [a for a in attempts if not a.guided and a.sample and a.reward < 1 and not a.error]
+    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    extras: list[Attempt] = []
+
+    async def one(parent: Attempt) -> None:
+        async with limiter:
+            reflection_attempt, reflection = await reflect(client, model, task.question, parent)
+        if not wants_retry(parent, reflection):
+            extras.append(reflection_attempt)
+            return
+        assert reflection is not None and parent.sample is not None
+        messages = hint_messages(task, settings.system_prompt, reflection.principle)
+        async with limiter:
+            retry = await attempt_task(
+                client,
+                task,
+                messages,
+                model,
+                sampling,
+                parent.sample_index,
+                kind="retry",
+                context="hint",
+                guidance=reflection.principle,
+            )
+        improved = retry.error is None and retry.reward > parent.reward
+        retry = retry.model_copy(
+            update={
+                "parent_index": parent.sample_index,
+                "bare_prompt_token_ids": parent.sample.prompt_token_ids,
+                "improved": improved,
+            }
+        )
+        extras.extend([reflection_attempt.model_copy(update={"improved": improved}), retry])
+
+    async with anyio.create_task_group() as tg:
+        for parent in failed:
+            tg.start_soon(one, parent)
+    return sorted(extras, key=lambda a: (a.sample_index, a.kind))
 
 
 async def _with_bare_ids(

@@ -56,8 +56,14 @@ class PolicyClient:
             raise PolicyError(f"tokenize failed: {_first_line(str(exc))}") from exc
 
     async def sample(
-        self, model: str, messages: list[dict[str, Any]], sampling: SamplingSettings
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        sampling: SamplingSettings,
+        response_format: dict[str, Any] | None = None,
     ) -> Sample:
+        """One completion; `response_format` asks the server for schema-constrained JSON."""
+        extra = {"response_format": response_format} if response_format else {}
         try:
             response = await self._client.chat.completions.create(
                 model=model,
@@ -68,6 +74,7 @@ class PolicyClient:
                 logprobs=True,
                 extra_body={"return_token_ids": True},
                 extra_headers={"Idempotency-Key": uuid.uuid4().hex},
+                **extra,  # type: ignore[arg-type]
             )
         except openai.APIError as exc:
             raise PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}") from exc

@@ -47,6 +47,7 @@ class RunSettings(BaseModel):
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             guided_fraction=self.guided_fraction,
+            reflect_retry=self.reflect_retry,
         )
 
     def eval_settings(self) -> CollectSettings:

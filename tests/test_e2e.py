@@ -190,3 +190,42 @@ def test_real_model_round_end_to_end(
         evals = store.load_groups(session, "eval", policy_version=version.name)
     assert version.eval_pass_at_1 == round_["eval_pass_at_1"]
     assert len(evals) == 16 and all(g.attempts[0].sample for g in evals)
+
+
+def test_guided_half_groups_and_reflect_retry_through_the_cli(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    db, summary = run_once(
+        tmp_path,
+        *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
+        str(tiny_model_path),
+        *("--server-url", tiny_server, "--guided-fraction", "0.5", "--reflect-retry", "1"),
+        *("--mode", "r3l"),
+    )
+    engine = store.open_store(db)
+    with store.transaction(engine) as session:
+        groups = store.load_groups(session, "train", round_index=1)
+        (record,) = store.training_rounds(session)
+    assert record.method == "r3l"
+    for group in groups:
+        guided, bare = group.first_attempts
+        assert guided.context == "demo" and bare.context == "bare"
+        assert bare.sample is not None and guided.sample is not None
+        assert guided.bare_prompt_token_ids == bare.sample.prompt_token_ids
+        assert len(guided.sample.prompt_token_ids) > len(bare.sample.prompt_token_ids)
+        # A random model never earns full reward: its bare attempt is reflected on.
+        reflection = next(a for a in group.attempts if a.kind == "reflection")
+        assert reflection.parent_index == bare.sample_index and reflection.reason
+        assert all(a.context == "bare" for g in [group] for a in g.bare_attempts)
+    # The server's /tokenize agrees with the prompt ids it sampled under.
+    bare = groups[0].first_attempts[1]
+
+    async def tokenize() -> list[int]:
+        client = PolicyClient(tiny_server)
+        try:
+            return await client.tokenize(tiny_model_path.name, bare.messages)
+        finally:
+            await client.aclose()
+
+    assert bare.sample is not None
+    assert anyio.run(tokenize) == bare.sample.prompt_token_ids

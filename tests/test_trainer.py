@@ -77,3 +77,94 @@ def test_publish_never_overwrites(tmp_path: Path) -> None:
     second = checkpoint.staging_dir(tmp_path, "v1")
     with pytest.raises(TrainerError, match="already exists"):
         checkpoint.publish(second, tmp_path, "v1")
+
+
+def test_a_killed_round_resumes_from_its_last_save(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.round import PolicyGradientTrainer
+
+    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-3, save_steps=2)
+    original = PolicyGradientTrainer.training_step
+    steps = []
+
+    def crash_after_three(self, *args, **kwargs):
+        if len(steps) == 3:
+            raise KeyboardInterrupt("killed")
+        steps.append(self.state.global_step)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyGradientTrainer, "training_step", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        train_round(
+            groups(),
+            base_model=tiny_model_path,
+            parent_adapter=None,
+            checkpoint_root=tmp_path,
+            name="policy-r1",
+            settings=settings,
+        )
+    assert not checkpoint.is_complete(tmp_path / "policy-r1")
+    monkeypatch.setattr(PolicyGradientTrainer, "training_step", original)
+    result = train_round(
+        groups(),
+        base_model=tiny_model_path,
+        parent_adapter=None,
+        checkpoint_root=tmp_path,
+        name="policy-r1",
+        settings=settings,
+    )
+    # 12 rows in batches of 2: steps 0-2 ran, the save at step 2 is where the second run starts.
+    assert result.resumed_from_step == 2
+    assert checkpoint.is_complete(Path(result.adapter_path))
+    assert not (tmp_path / ".rounds" / "policy-r1").exists()
+    again = train_round(
+        groups(),
+        base_model=tiny_model_path,
+        parent_adapter=None,
+        checkpoint_root=tmp_path,
+        name="policy-r1",
+        settings=settings,
+    )
+    assert again.resumed_from_step == -1 and again.adapter_path == result.adapter_path
+
+
+def test_training_raises_the_likelihood_of_rewarded_completions(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """On a fixed batch: the loss of the rewarded rows (their NLL) falls, the other rows' rises."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    batch = [make_group([1.0, 0.0, 0.0, 0.0], task_id=f"t{i}", completion_len=6) for i in range(3)]
+    settings = TrainSettings(epochs=6, batch_size=12, learning_rate=3e-3, save_steps=0)
+    result = train_round(
+        batch,
+        base_model=tiny_model_path,
+        parent_adapter=None,
+        checkpoint_root=tmp_path,
+        name="p",
+        settings=settings,
+    )
+
+    def nll(model, rewarded: bool) -> float:
+        losses = []
+        for group in batch:
+            for attempt in group.attempts:
+                if (attempt.reward > 0) != rewarded:
+                    continue
+                sample = attempt.sample
+                ids = torch.tensor([sample.prompt_token_ids + sample.completion_token_ids])
+                labels = ids.clone()
+                labels[0, : len(sample.prompt_token_ids)] = -100
+                with torch.no_grad():
+                    losses.append(model(input_ids=ids, labels=labels).loss.item())
+        return sum(losses) / len(losses)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    before = (nll(base, True), nll(base, False))
+    trained = PeftModel.from_pretrained(base, result.adapter_path)
+    after = (nll(trained, True), nll(trained, False))
+    assert after[0] < before[0] - 0.1
+    assert after[1] > before[1]

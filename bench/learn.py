@@ -1,0 +1,185 @@
+"""Learning benchmark: held-out pass@1 after each flywheel round, one curve per arm.
+
+Each arm is a real `flywheel run` (subprocess, its own database and checkpoints) from the base
+model on the same task set and held-out tasks, against one shared vLLM server. Arms:
+
+    plain        GRPO on plain sampling (every attempt bare)
+    guided       GRPO, half of each group sampled with a worked example, distilled (the default)
+    r3l          R3L: half the slots, a reflection and retry for each attempt short of full
+                 reward, positive amplification; about the same number of sampled rollouts
+
+Prints a table, writes the curves as JSON (--json) and PNG (--png).
+
+    .venv/bin/python bench/learn.py [--arms plain,guided,r3l] [--rounds 3] [--json P] [--png P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from serving.model import prepare_smollm2  # noqa: E402
+from serving.server import ServerSettings, VllmServer  # noqa: E402
+
+ARMS: dict[str, dict[str, Any]] = {
+    "plain": {"guided_fraction": 0.0, "train": {"mode": "grpo"}},
+    "guided": {"guided_fraction": 0.5, "train": {"mode": "grpo"}},
+    "r3l": {
+        "guided_fraction": 0.0,
+        "reflect_retry": True,
+        "halve_group": True,
+        "train": {"mode": "r3l"},
+    },
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default="plain,guided,r3l")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--eval-tasks", type=int, default=64)
+    parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
+    parser.add_argument("--port", type=int, default=8021)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--png", type=Path, default=None)
+    args = parser.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    model = prepare_smollm2(ROOT / ".flywheel" / "models")
+    if args.server_url:
+        curves = {arm: run_arm(arm, args, args.server_url, model) for arm in arms}
+    else:
+        settings = ServerSettings(
+            python=ROOT / ".venv-serving" / "bin" / "python",
+            model_path=model,
+            served_name=model.name,
+            port=args.port,
+            log_path=ROOT / ".flywheel" / "logs" / "vllm-learn.log",
+        )
+        with VllmServer(settings) as server:
+            curves = {arm: run_arm(arm, args, server.url, model) for arm in arms}
+    result = {"settings": {k: str(v) for k, v in vars(args).items()}, "arms": curves}
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.png:
+        plot(result, args.png)
+
+
+def run_arm(arm: str, args: argparse.Namespace, server_url: str, model: Path) -> dict[str, Any]:
+    spec = dict(ARMS[arm])
+    group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
+    with tempfile.TemporaryDirectory(prefix=f"flywheel-learn-{arm}-") as scratch:
+        workdir = Path(scratch)
+        config = workdir / "arm.toml"
+        config.write_text(_toml(spec))
+        summary_path = workdir / "summary.json"
+        command = [
+            str(ROOT / ".venv" / "bin" / "flywheel"), "run",
+            "--config", str(config),
+            "--workdir", str(workdir),
+            "--model", str(model),
+            "--server-url", server_url,
+            "--rounds", str(args.rounds),
+            "--tasks", str(args.tasks),
+            "--group-size", str(max(2, group_size)),
+            "--eval-tasks", str(args.eval_tasks),
+            "--summary-json", str(summary_path),
+        ]  # fmt: skip
+        print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
+        summary = json.loads(summary_path.read_text())
+    rounds = summary["rounds"]
+    return {
+        "pass_at_1": [summary["baseline_pass_at_1"]] + [r["eval_pass_at_1"] for r in rounds],
+        "format_rate": [summary["baseline_format_rate"]] + [r["eval_format_rate"] for r in rounds],
+        "promoted": [r["promoted"] for r in rounds],
+        "rollouts": sum(r["rollouts"] for r in rounds),
+        "bare_success_rate": [
+            r["bare_successes"] / r["bare_rollouts"] if r["bare_rollouts"] else None for r in rounds
+        ],
+        "train_tokens": sum(r["train_tokens"] for r in rounds),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _toml(spec: dict[str, Any]) -> str:
+    def value(v: Any) -> str:
+        return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
+
+    flat = [f"{k} = {value(v)}" for k, v in spec.items() if not isinstance(v, dict)]
+    tables = [
+        f"[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
+        for k, v in spec.items()
+        if isinstance(v, dict)
+    ]
+    return "\n".join(flat + tables) + "\n"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    arms = result["arms"]
+    rounds = max(len(c["pass_at_1"]) for c in arms.values())
+    header = [
+        "arm",
+        *[("base" if i == 0 else f"r{i}") for i in range(rounds)],
+        "format",
+        "rollouts",
+        "min",
+    ]
+    rows = [header]
+    for arm, curve in arms.items():
+        cells = [f"{p:.3f}" if p is not None else "-" for p in curve["pass_at_1"]]
+        last_format = curve["format_rate"][-1]
+        rows.append(
+            [arm, *cells, f"{last_format:.2f}" if last_format is not None else "-",
+             str(curve["rollouts"]), f"{curve['seconds'] / 60:.1f}"]
+        )  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for i, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    s = result["settings"]
+    print(
+        f"\nheld-out pass@1 (greedy, no guidance) on {s['eval_tasks']} tasks after each round; "
+        f"{s['tasks']} tasks x {s['group_size']} attempts per round; format = last round"
+    )
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for arm, curve in result["arms"].items():
+        points = [(i, p) for i, p in enumerate(curve["pass_at_1"]) if p is not None]
+        axis.plot(*zip(*points, strict=True), marker="o", label=arm)
+    axis.set_xlabel("round (0 = base model)")
+    axis.set_ylabel("held-out pass@1")
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

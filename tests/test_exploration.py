@@ -1,0 +1,151 @@
+"""Exploration logic against a scripted OpenAI-compatible server: guided half-groups and
+reflect-then-retry (conditioning rules, token bookkeeping, JSON validation, failures)."""
+
+import json
+from collections.abc import Callable
+
+import anyio
+import httpx
+
+from agents.collector import CollectSettings, collect_groups
+from agents.reflection import parse_reflection
+from memory.records import Group
+from tests.test_policy import client_for, completion
+from verifiers.reasoning import eval_tasks
+
+TASK = eval_tasks("arithmetic", 1)[0]
+REFLECTION = {
+    "summary": "I gave the wrong number.",
+    "root_cause": "I ignored the sign.",
+    "outcome": "failure",
+    "principle": "Subtracting a negative number adds it.",
+    "retry_from_step": 0,
+}
+
+
+def run(handler: Callable[[dict], httpx.Response], settings: CollectSettings) -> Group:
+    async def main():
+        return await collect_groups(
+            client_for(lambda request: handler(json.loads(request.content))),
+            [TASK],
+            model="m",
+            round_index=1,
+            purpose="train",
+            settings=settings,
+            limiter=anyio.CapacityLimiter(2),
+            on_group=lambda g: None,
+        )
+
+    (group,) = anyio.run(main)
+    return group
+
+
+def scripted(body: dict, text: str, prompt_ids: list[int]) -> httpx.Response:
+    reply = completion(text, [5, 6])
+    reply["prompt_token_ids"] = prompt_ids
+    return httpx.Response(200, json=reply)
+
+
+def test_guided_slots_see_the_worked_example_and_keep_the_bare_prompt_ids() -> None:
+    def handler(body: dict) -> httpx.Response:
+        return scripted(body, f"<answer>{TASK.answer}</answer>", [7] * len(body["messages"]))
+
+    group = run(handler, CollectSettings(group_size=4, guided_fraction=0.5))
+    assert group.complete
+    guided = [a for a in group.attempts if a.guided]
+    assert [a.sample_index for a in guided] == [0, 1]
+    assert all(a.kind == "guided" and a.context == "demo" for a in guided)
+    assert all(a.messages[2]["role"] == "assistant" for a in guided)
+    assert all(a.bare_prompt_token_ids == [7, 7] for a in guided)
+    assert [a.context for a in group.bare_attempts] == ["bare", "bare"]
+    assert all(TASK.answer not in str(a.messages) for a in group.attempts)
+
+
+def test_an_all_guided_group_gets_bare_ids_from_tokenize() -> None:
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            seen.append(json.loads(request.content))
+            return httpx.Response(200, json={"tokens": [1, 2], "count": 2})
+        return scripted({}, "<answer>0</answer>", [9, 9, 9, 9])
+
+    async def main():
+        return await collect_groups(
+            client_for(handler),
+            [TASK],
+            model="m",
+            round_index=1,
+            purpose="train",
+            settings=CollectSettings(group_size=2, guided_fraction=1.0),
+            limiter=anyio.CapacityLimiter(2),
+            on_group=lambda g: None,
+        )
+
+    (group,) = anyio.run(main)
+    assert all(a.bare_prompt_token_ids == [1, 2] for a in group.attempts)
+    assert len(seen) == 1 and len(seen[0]["messages"]) == 2
+
+
+def reflecting_server(reflection_text: str, retry_answer: str) -> Callable[[dict], httpx.Response]:
+    def handler(body: dict) -> httpx.Response:
+        if "response_format" in body:
+            return scripted(body, reflection_text, [3])
+        system = body["messages"][0]["content"]
+        if "Guidance from an earlier try" in system:
+            return scripted(body, f"<answer>{retry_answer}</answer>", [4, 4])
+        return scripted(body, "<answer>999</answer>", [2, 2])
+
+    return handler
+
+
+def test_a_failed_attempt_is_reflected_on_and_retried_with_the_principle() -> None:
+    handler = reflecting_server(json.dumps(REFLECTION), TASK.answer)
+    group = run(handler, CollectSettings(group_size=2, reflect_retry=True))
+    assert group.complete and len(group.first_attempts) == 2
+    retries = [a for a in group.attempts if a.kind == "retry"]
+    reflections = [a for a in group.attempts if a.kind == "reflection"]
+    assert len(retries) == len(reflections) == 2
+    for retry in retries:
+        assert retry.correct and retry.improved and retry.parent_index == retry.sample_index
+        assert retry.guidance == REFLECTION["principle"]
+        assert REFLECTION["principle"] in retry.messages[0]["content"]
+        assert retry.bare_prompt_token_ids == [2, 2] and retry.pivot_tokens == 0
+    for reflection in reflections:
+        assert reflection.format_ok and reflection.improved
+        # The reflector sees the attempt and the verifier's verdict, never the reference.
+        assert "999" in reflection.messages[1]["content"]
+        assert TASK.answer not in reflection.messages[1]["content"].replace("999", "")
+
+
+def test_invalid_or_success_reflections_lead_to_no_retry() -> None:
+    for text, reason in [
+        ("{not json", "not JSON"),
+        (json.dumps({**REFLECTION, "outcome": "maybe"}), "invalid reflection: outcome"),
+        (json.dumps({**REFLECTION, "outcome": "success"}), "valid reflection"),
+    ]:
+        group = run(
+            reflecting_server(text, TASK.answer), CollectSettings(group_size=1, reflect_retry=True)
+        )
+        assert [a.kind for a in group.attempts] == ["base", "reflection"]
+        assert group.attempts[1].reason.startswith(reason)
+
+
+def test_a_failing_reflector_is_recorded_and_the_group_stays_whole() -> None:
+    def handler(body: dict) -> httpx.Response:
+        if "response_format" in body:
+            return httpx.Response(500, json={"error": {"message": "down"}})
+        return scripted(body, "<answer>999</answer>", [2])
+
+    group = run(handler, CollectSettings(group_size=2, reflect_retry=True))
+    assert group.complete
+    failed = [a for a in group.attempts if a.kind == "reflection"]
+    assert len(failed) == 2 and all(a.error for a in failed)
+
+
+def test_parse_reflection_reports_the_first_problem() -> None:
+    assert parse_reflection(json.dumps(REFLECTION)).principle == REFLECTION["principle"]
+    assert parse_reflection("[]").startswith("invalid reflection")
+    assert parse_reflection(json.dumps({**REFLECTION, "retry_from_step": -1})).startswith(
+        "invalid reflection: retry_from_step"
+    )

@@ -1,0 +1,37 @@
+"""Run settings: defaults, then a TOML file, then flags; bad settings fail with one line."""
+
+from pathlib import Path
+
+import pytest
+
+from flows.settings import load_run_settings
+
+
+def test_file_then_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'rounds = 5\nreflect_retry = true\n[train]\nmode = "r3l"\nlearning_rate = 0.002\n'
+    )
+    settings = load_run_settings(config, {"rounds": 2, "train.epochs": 3})
+    assert settings.rounds == 2 and settings.reflect_retry
+    assert settings.train.mode == "r3l" and settings.train.learning_rate == 0.002
+    assert settings.train.epochs == 3
+    assert settings.collect_settings().reflect_retry
+    assert settings.eval_settings().guided_fraction == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("rounds = 0\n", "setting rounds: Input should be greater than or equal to 1"),
+        ("[train]\nmode = 'ppo'\n", "setting train.mode: Input should be 'grpo', 'r3l'"),
+        ("[train]\nlearning_rat = 1\n", "setting train.learning_rat: Extra inputs"),
+        ("rounds = \n", "cannot read config"),
+    ],
+)
+def test_bad_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(text)
+    with pytest.raises(ValueError, match=message) as raised:
+        load_run_settings(config, {})
+    assert "\n" not in str(raised.value)

@@ -11,6 +11,9 @@
    the server tokenised them for the group's unguided attempts, so training can distil it.
 5. With `reflect_retry`, every unguided attempt short of full reward is reflected on and retried
    (`agents.reflection`); the reflection and the retry join the group as extra attempts.
+6. With `insights`, a group's attempts run in sequence; a judge turns each failure into a
+   one-line insight on the batch's board, and later attempts see the board's insights while
+   the batch's success rate is at most 50% (`agents.insight`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,16 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.context import Messages, bare_messages, demo_messages, demo_text, hint_messages
+from agents.context import (
+    Messages,
+    bare_messages,
+    demo_messages,
+    demo_text,
+    hint_messages,
+    insight_messages,
+)
 from agents.errors import PolicyError
+from agents.insight import InsightBoard, judge
 from agents.policy import PolicyClient
 from agents.reflection import reflect, wants_retry
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
@@ -49,6 +60,7 @@ class CollectSettings(BaseModel):
     system_prompt: str = SYSTEM_PROMPT
     guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
     reflect_retry: bool = False
+    insights: bool = False
 
     def guided_slots(self) -> int:
         return round(self.group_size * self.guided_fraction)
@@ -69,6 +81,7 @@ async def collect_groups(
     """Sample, verify and hand over one group per task not in `skip`; returns the new groups."""
     todo = [task for task in tasks if task.task_id not in skip]
     groups: list[Group] = []
+    board = InsightBoard() if settings.insights else None
 
     async def run_group(task: Task) -> None:
         group = await collect_group(
@@ -79,6 +92,7 @@ async def collect_groups(
             purpose=purpose,
             settings=settings,
             limiter=limiter,
+            board=board,
         )
         on_group(group)
         groups.append(group)
@@ -100,32 +114,23 @@ async def collect_group(
     purpose: GroupPurpose,
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
+    board: InsightBoard | None = None,
 ) -> Group:
     bare = bare_messages(task, settings.system_prompt)
-    example = worked_example(task.taskset)
-    demo = demo_messages(task, settings.system_prompt, example)
-    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
-    attempts_G: list[Attempt | None] = [None] * settings.group_size
+    if board is None:
+        attempts_G: list[Attempt | None] = [None] * settings.group_size
 
-    async def run_attempt(index: int) -> None:
-        guided = index < settings.guided_slots()
-        async with limiter:
-            attempts_G[index] = await attempt_task(
-                client,
-                task,
-                demo if guided else bare,
-                model,
-                sampling,
-                index,
-                kind="guided" if guided else "base",
-                context="demo" if guided else "bare",
-                guidance=demo_text(example) if guided else None,
-            )
+        async def run_attempt(index: int) -> None:
+            async with limiter:
+                attempts_G[index] = await _first_attempt(client, task, model, settings, index)
 
-    async with anyio.create_task_group() as tg:
-        for index in range(settings.group_size):
-            tg.start_soon(run_attempt, index)
-    attempts = await _with_bare_ids([a for a in attempts_G if a is not None], client, model, bare)
+        async with anyio.create_task_group() as tg:
+            for index in range(settings.group_size):
+                tg.start_soon(run_attempt, index)
+        attempts = [a for a in attempts_G if a is not None]
+    else:
+        attempts = await _sequential_attempts(client, task, model, settings, limiter, board)
+    attempts = await _with_bare_ids(attempts, client, model, bare)
     if settings.reflect_retry:
         attempts += await _reflect_and_retry(client, task, attempts, model, settings, limiter)
     return Group(
@@ -138,6 +143,74 @@ async def collect_group(
         size=settings.group_size,
         attempts=attempts,
     )
+
+
+async def _first_attempt(
+    client: PolicyClient,
+    task: Task,
+    model: str,
+    settings: CollectSettings,
+    index: int,
+    insights: list[str] | None = None,
+) -> Attempt:
+    """Slot `index`: a worked example in the first guided slots, else the insights, else bare."""
+    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    plan: dict[str, Any]
+    if index < settings.guided_slots():
+        example = worked_example(task.taskset)
+        messages = demo_messages(task, settings.system_prompt, example)
+        plan = {"kind": "guided", "context": "demo", "guidance": demo_text(example)}
+    elif insights:
+        messages = insight_messages(task, settings.system_prompt, insights)
+        plan = {"kind": "guided", "context": "insights", "guidance": "\n".join(insights)}
+    else:
+        messages = bare_messages(task, settings.system_prompt)
+        plan = {}
+    return await attempt_task(client, task, messages, model, sampling, index, **plan)
+
+
+async def _sequential_attempts(
+    client: PolicyClient,
+    task: Task,
+    model: str,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+    board: InsightBoard,
+) -> list[Attempt]:
+    """RLTLDR: attempts one after another, each failure judged into an insight for the board."""
+    attempts: list[Attempt] = []
+    judged: list[Attempt] = []
+    for index in range(settings.group_size):
+        async with limiter:
+            attempt = await _first_attempt(
+                client, task, model, settings, index, board.conditioning()
+            )
+        board.record(attempt)
+        attempts.append(attempt)
+        if attempt.sample is None or attempt.reward >= 1:
+            continue
+        bare_ids = await _bare_ids(attempts, client, model, task, settings)
+        if bare_ids is None:
+            continue
+        async with limiter:
+            insight = await judge(client, model, task.question, attempt, bare_ids)
+        judged.append(insight)
+        if insight.guidance:
+            board.add(insight.guidance)
+    return attempts + judged
+
+
+async def _bare_ids(
+    attempts: list[Attempt], client: PolicyClient, model: str, task: Task, settings: CollectSettings
+) -> list[int] | None:
+    ids = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
+    if ids is not None:
+        return ids
+    try:
+        return await client.tokenize(model, bare_messages(task, settings.system_prompt))
+    except PolicyError as exc:
+        log.warning("no bare prompt ids: %s", exc)
+        return None
 
 
 async def _reflect_and_retry(
@@ -193,7 +266,7 @@ async def _with_bare_ids(
     attempts: list[Attempt], client: PolicyClient, model: str, bare: Messages
 ) -> list[Attempt]:
     """Give guided attempts the bare prompt's ids: from an unguided sample, else /tokenize."""
-    if not any(a.guided for a in attempts):
+    if not any(a.guided and a.bare_prompt_token_ids is None for a in attempts):
         return attempts
     ids = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
     if ids is None:

@@ -47,9 +47,17 @@ class PolicyClient:
 
     async def tokenize(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt ids the server would sample `messages` under (vLLM's /tokenize)."""
-        body = {"model": model, "messages": messages, "add_generation_prompt": True}
+        return await self._tokenize({"messages": messages, "add_generation_prompt": True}, model)
+
+    async def tokenize_text(self, model: str, text: str) -> list[int]:
+        """The ids of plain `text`, without special tokens (vLLM's /tokenize)."""
+        return await self._tokenize({"prompt": text, "add_special_tokens": False}, model)
+
+    async def _tokenize(self, body: dict[str, Any], model: str) -> list[int]:
         try:
-            response = await self._http.post(f"{self._root}/tokenize", json=body)
+            response = await self._http.post(
+                f"{self._root}/tokenize", json={"model": model, **body}
+            )
             response.raise_for_status()
             return list(response.json()["tokens"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:

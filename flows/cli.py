@@ -29,6 +29,7 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--temperature": ("temperature", float, "sampling temperature of train attempts"),
     "--guided-fraction": ("guided_fraction", float, "share of each group sampled with guidance"),
     "--reflect-retry": ("reflect_retry", int, "1: reflect on failed attempts and retry (R3L)"),
+    "--insights": ("insights", int, "1: sequential attempts with judged insights (RLTLDR)"),
     "--mode": ("train.mode", str, "advantage mode"),
     "--learning-rate": ("train.learning_rate", float, "LoRA learning rate"),
     "--epochs": ("train.epochs", int, "passes over a round's rows"),

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 import uuid
@@ -35,6 +36,8 @@ from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
 from verifiers.reasoning import eval_tasks, train_tasks
 from verifiers.task import Task
+
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -190,7 +193,7 @@ def _round_record(
     with store.transaction(engine) as session:
         stored = store.training_round(session, round_index)
         if stored is not None and stored.status == "running" and stored.group_ids:
-            get_run_logger().info(
+            log.info(
                 "round %d: resuming %s on its %d recorded groups",
                 round_index,
                 stored.policy_out,

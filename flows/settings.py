@@ -33,6 +33,7 @@ class RunSettings(BaseModel):
         0.5, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
     )
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
+    insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()
@@ -48,6 +49,7 @@ class RunSettings(BaseModel):
             max_tokens=self.max_tokens,
             guided_fraction=self.guided_fraction,
             reflect_retry=self.reflect_retry,
+            insights=self.insights,
         )
 
     def eval_settings(self) -> CollectSettings:

@@ -149,3 +149,99 @@ def test_parse_reflection_reports_the_first_problem() -> None:
     assert parse_reflection(json.dumps({**REFLECTION, "retry_from_step": -1})).startswith(
         "invalid reflection: retry_from_step"
     )
+
+
+JUDGEMENT = {
+    "summary": "Wrong sum.",
+    "feedback": "The verifier marked it wrong.",
+    "wrong_step": "the sign",
+    "correction": "keep the sign",
+    "insight": "Minus a negative is plus.",
+}
+
+
+def judging_server(judge_text: str, seen: list[dict]) -> Callable[[httpx.Request], httpx.Response]:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [41, 42, 43], "count": 3})
+        if "response_format" in body:
+            return scripted(body, judge_text, [3])
+        return scripted(body, "<answer>999</answer>", [8] * len(body["messages"]))
+
+    return handler
+
+
+def run_insights(handler, group_size: int) -> Group:
+    async def main():
+        return await collect_groups(
+            client_for(handler),
+            [TASK],
+            model="m",
+            round_index=1,
+            purpose="train",
+            settings=CollectSettings(group_size=group_size, insights=True),
+            limiter=anyio.CapacityLimiter(2),
+            on_group=lambda g: None,
+        )
+
+    (group,) = anyio.run(main)
+    return group
+
+
+def test_insights_condition_later_attempts_while_the_batch_struggles() -> None:
+    seen: list[dict] = []
+    group = run_insights(judging_server(json.dumps(JUDGEMENT), seen), group_size=3)
+    assert group.complete
+    first, second, third = group.first_attempts
+    assert first.context == "bare" and first.kind == "base"
+    # The first failure's insight is shown to the next attempts, after the task.
+    assert second.context == "insights" and second.kind == "guided"
+    assert second.messages[-1] == {"role": "user", "content": f"Insight: {JUDGEMENT['insight']}"}
+    assert second.bare_prompt_token_ids == first.sample.prompt_token_ids
+    insights = [a for a in group.attempts if a.kind == "insight"]
+    assert len(insights) == 3
+    row = insights[0]
+    # Stored for insight SFT: the insight's server token ids after the bare prompt.
+    assert row.sample.text == JUDGEMENT["insight"] and row.sample.completion_token_ids == [
+        41,
+        42,
+        43,
+    ]
+    assert row.sample.prompt_token_ids == first.sample.prompt_token_ids
+    # The judge never sees the reference answer.
+    judge_prompts = [b for b in seen if "response_format" in b]
+    assert all(TASK.answer not in json.dumps(b["messages"]) for b in judge_prompts)
+
+
+def test_no_insights_are_shown_once_the_batch_succeeds() -> None:
+    from agents.insight import InsightBoard
+
+    board = InsightBoard()
+    assert board.conditioning() == []
+    board.add("a")
+    board.add("a")
+    assert board.conditioning() == ["a"]
+    for correct in (True, True, False):
+        board.record(make_attempt(correct))
+    assert board.conditioning() == []
+    small = InsightBoard(capacity=2)
+    for text in ("old", "mid", "new"):
+        small.add(text)
+    assert small.conditioning() == ["mid", "new"], "the newest insights are kept"
+
+
+def make_attempt(correct: bool):
+    from tests.conftest import make_group
+
+    attempt = make_group([1.0 if correct else 0.0]).attempts[0]
+    return attempt.model_copy(update={"correct": correct})
+
+
+def test_an_invalid_judgement_adds_no_insight() -> None:
+    seen: list[dict] = []
+    group = run_insights(judging_server('{"summary": "x"}', seen), group_size=2)
+    assert all(a.context == "bare" for a in group.first_attempts)
+    insights = [a for a in group.attempts if a.kind == "insight"]
+    assert all(a.sample is None and a.reason.startswith("invalid judgement") for a in insights)

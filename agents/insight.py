@@ -1,0 +1,135 @@
+"""Insights (RLTLDR): a judge's one-sentence lesson from a failed attempt, shared with the batch.
+
+1. The judge runs in a fresh context: it sees the task, the attempt and the verifier's feedback
+   (never the reference answer) and returns schema-constrained JSON: summary, feedback, wrong
+   step, correction and a single-sentence insight.
+2. `InsightBoard` is one batch's shared state: its running success rate and its newest insights
+   (at most 16). An attempt is conditioned on the insights only while the batch's success rate
+   is at most 50%.
+3. The insight is stored as an attempt of kind "insight" whose sample is the insight's tokens
+   (as the server tokenises them) after the bare prompt: the row that RLTLDR's insight SFT
+   trains, given only the task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agents.context import Messages
+from agents.errors import PolicyError
+from agents.policy import PolicyClient
+from memory.records import Attempt, Sample, SamplingSettings
+
+JUDGE_SYSTEM = (
+    "You judge one attempt at a task, using the verifier's feedback. Reply with a JSON object "
+    'only, with the keys: "summary", "feedback", "wrong_step", "correction" and "insight": one '
+    "short sentence that would help on similar tasks, without giving this task's answer."
+)
+JUDGE_MAX_TOKENS = 200
+MAX_INSIGHTS = 16
+CONDITION_BELOW = 0.5
+
+
+class Judgement(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    summary: str = Field(min_length=1, max_length=300)
+    feedback: str = Field(min_length=1, max_length=300)
+    wrong_step: str = Field(max_length=300)
+    correction: str = Field(max_length=300)
+    insight: str = Field(min_length=3, max_length=160)
+
+
+JUDGE_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {"name": "judgement", "schema": Judgement.model_json_schema()},
+}
+
+
+class InsightBoard:
+    """One batch's running success rate and newest insights."""
+
+    def __init__(self, capacity: int = MAX_INSIGHTS) -> None:
+        self.insights: deque[str] = deque(maxlen=capacity)
+        self.attempts = 0
+        self.successes = 0
+
+    def record(self, attempt: Attempt) -> None:
+        self.attempts += 1
+        self.successes += int(attempt.correct)
+
+    def add(self, insight: str) -> None:
+        if insight not in self.insights:
+            self.insights.append(insight)
+
+    def conditioning(self) -> list[str]:
+        """The insights to show the next attempt: all of them while the batch struggles."""
+        struggling = self.attempts == 0 or self.successes / self.attempts <= CONDITION_BELOW
+        return list(self.insights) if struggling else []
+
+
+def judge_messages(question: str, attempt: Attempt) -> Messages:
+    text = attempt.sample.text if attempt.sample else ""
+    feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
+    return [
+        {"role": "system", "content": JUDGE_SYSTEM},
+        {"role": "user", "content": f"Task: {question}\n\nAttempt: {text}\n\n{feedback}"},
+    ]
+
+
+def parse_judgement(text: str) -> Judgement | str:
+    try:
+        return Judgement.model_validate(json.loads(text))
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc.msg}"
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        return f"invalid judgement: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+
+
+async def judge(
+    client: PolicyClient, model: str, question: str, attempt: Attempt, bare_prompt: list[int]
+) -> Attempt:
+    """Judge `attempt`; returns an "insight" attempt (with `error` set when the call failed)."""
+    messages = judge_messages(question, attempt)
+    sampling = SamplingSettings(temperature=0.3, max_tokens=JUDGE_MAX_TOKENS)
+    record: dict[str, Any] = {
+        "sample_index": attempt.sample_index,
+        "kind": "insight",
+        "policy_version": model,
+        "messages": messages,
+        "sampling": sampling,
+        "parent_index": attempt.sample_index,
+        "context": "judge",
+        "reward": 0.0,
+        "correct": False,
+        "answer": None,
+        "bare_prompt_token_ids": bare_prompt,
+    }
+    try:
+        reply = await client.sample(model, messages, sampling, response_format=JUDGE_FORMAT)
+        parsed = parse_judgement(reply.text)
+        if isinstance(parsed, str):
+            return Attempt(**record, sample=None, format_ok=False, reason=parsed)
+        ids = await client.tokenize_text(model, parsed.insight)
+    except PolicyError as exc:
+        return Attempt(
+            **record, sample=None, format_ok=False, reason="judge failed", error=str(exc)
+        )
+    sample = Sample(
+        text=parsed.insight,
+        prompt_token_ids=bare_prompt,
+        completion_token_ids=ids,
+        logprobs=[0.0] * len(ids),
+        finish_reason="stop",
+    )
+    return Attempt(
+        **record | {"guidance": parsed.insight},
+        sample=sample,
+        format_ok=True,
+        reason="valid insight",
+    )

@@ -30,6 +30,8 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--guided-fraction": ("guided_fraction", float, "share of each group sampled with guidance"),
     "--reflect-retry": ("reflect_retry", int, "1: reflect on failed attempts and retry (R3L)"),
     "--insights": ("insights", int, "1: sequential attempts with judged insights (RLTLDR)"),
+    "--outcome-bonus": ("outcome.bonus", float, "bonus for rarely seen answers (c_hist)"),
+    "--repeat-penalty": ("outcome.repeat_penalty", float, "penalty for repeated answers"),
     "--mode": ("train.mode", str, "advantage mode"),
     "--learning-rate": ("train.learning_rate", float, "LoRA learning rate"),
     "--epochs": ("train.epochs", int, "passes over a round's rows"),
@@ -313,7 +315,8 @@ def _run_defaults() -> dict[str, Any]:
 
     defaults = RunSettings().model_dump()
     flat = {key: value for key, value in defaults.items() if not isinstance(value, dict)}
-    flat |= {f"train.{key}": value for key, value in defaults["train"].items()}
+    for table in ("train", "outcome"):
+        flat |= {f"{table}.{key}": value for key, value in defaults[table].items()}
     return flat
 
 

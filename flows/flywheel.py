@@ -24,6 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
 
+from agents import outcome
 from agents.collector import CollectSettings, collect_groups
 from agents.policy import PolicyClient
 from flows.settings import RunSettings
@@ -70,6 +71,12 @@ async def collect(
 
     def save(group: Group) -> None:
         with store.transaction(engine) as session:
+            if purpose == "train" and settings.outcome.enabled:
+                counts = store.outcome_counts(session, group.task_id)
+                group = outcome.shape(group, counts, settings.outcome)
+                store.add_outcomes(
+                    session, group.task_id, [a.answer_key for a in group.first_attempts]
+                )
             store.save_group(session, group)
 
     client = PolicyClient(server_url)

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.collector import CollectSettings
+from agents.outcome import OutcomeSettings
 from serving.promotion import Gate
 from trainer.settings import TrainSettings
 
@@ -34,6 +35,7 @@ class RunSettings(BaseModel):
     )
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
+    outcome: OutcomeSettings = OutcomeSettings()
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()

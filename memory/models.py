@@ -102,9 +102,23 @@ class AttemptRow(Base):
     parent_index: Mapped[int | None] = mapped_column(Integer)
     pivot_tokens: Mapped[int] = mapped_column(Integer, default=0)
     improved: Mapped[bool | None] = mapped_column(Boolean)
+    shaped_reward: Mapped[float | None] = mapped_column(Float)
+    shaping: Mapped[dict[str, Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")
+
+
+class OutcomeCountRow(Base):
+    """How often each final answer (its key) has been seen for a task, over all training."""
+
+    __tablename__ = "outcome_count"
+    __table_args__ = (Unique("task_id", "answer_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(200))
+    answer_key: Mapped[str] = mapped_column(String(200))
+    count: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class AliasEventRow(Base):

@@ -66,7 +66,8 @@ class Attempt(Record):
     the bare prompt. A retry points at the attempt it retries (`parent_index`) and at the pivot:
     `pivot_tokens` completion tokens replayed verbatim from the parent, never trained on. Kinds
     "reflection" and "insight" hold the policy's own text about another attempt, which
-    `improved` marks when it led to a better retry.
+    `improved` marks when it led to a better retry. `shaped_reward` and its terms (`shaping`)
+    are kept apart from the verifier's `reward`.
     """
 
     sample_index: int
@@ -87,10 +88,22 @@ class Attempt(Record):
     parent_index: int | None = None
     pivot_tokens: int = Field(0, ge=0)
     improved: bool | None = None
+    shaped_reward: float | None = None
+    shaping: dict[str, float] | None = None
 
     @property
     def guided(self) -> bool:
         return self.context != "bare"
+
+    @property
+    def train_reward(self) -> float:
+        """The reward training uses: shaped when exploration bonuses were applied, else raw."""
+        return self.reward if self.shaped_reward is None else self.shaped_reward
+
+    @property
+    def answer_key(self) -> str:
+        """The outcome key for outcome counting: the normalised final answer."""
+        return " ".join((self.answer or "<none>").split()).lower()[:200]
 
 
 class Group(Record):

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from memory.errors import StoreError
 from memory.models import (
     AliasEventRow,
     AttemptRow,
+    OutcomeCountRow,
     PolicyVersionRow,
     RolloutGroupRow,
     TrainingRoundRow,
@@ -73,6 +75,11 @@ def transaction(engine: Engine) -> Iterator[Session]:
 
 def save_group(session: Session, group: Group) -> int:
     """Upsert a group and its attempts by natural key; returns the group id."""
+    return save_new_group(session, group)[0]
+
+
+def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
+    """Upsert a group and its attempts; returns the group id and whether the group is new."""
     key = {
         "round_index": group.round_index,
         "purpose": group.purpose,
@@ -80,7 +87,9 @@ def save_group(session: Session, group: Group) -> int:
         "policy_version": group.policy_version,
     }
     values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
-    session.execute(_insert(session, RolloutGroupRow).values(**values).on_conflict_do_nothing())
+    inserted = session.execute(
+        _insert(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
+    )
     group_id = session.scalar(select(RolloutGroupRow.id).filter_by(**key))
     assert group_id is not None
     for attempt in group.attempts:
@@ -88,7 +97,7 @@ def save_group(session: Session, group: Group) -> int:
         session.execute(_insert(session, AttemptRow).values(**row).on_conflict_do_nothing())
     session.flush()
     _refresh_group_stats(session, group_id)
-    return group_id
+    return group_id, inserted.rowcount == 1
 
 
 def load_groups(
@@ -120,6 +129,26 @@ def groups_by_id(session: Session, group_ids: list[int]) -> list[Group]:
     if missing:
         raise StoreError(f"groups {missing[:5]} of the round's cursor are missing")
     return [_group_record(rows[gid]) for gid in group_ids]
+
+
+def outcome_counts(session: Session, task_id: str) -> dict[str, int]:
+    query = select(OutcomeCountRow).filter_by(task_id=task_id)
+    return {row.answer_key: row.count for row in session.scalars(query)}
+
+
+def add_outcomes(session: Session, task_id: str, answer_keys: list[str]) -> None:
+    """Count each key once more for the task (an atomic upsert-increment per key)."""
+    for key, n in Counter(answer_keys).items():
+        statement = _insert(session, OutcomeCountRow).values(
+            task_id=task_id, answer_key=key, count=n
+        )
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["task_id", "answer_key"],
+                set_={"count": OutcomeCountRow.count + n},
+            )
+        )
+    session.flush()
 
 
 def record_feedback(session: Session, task_id: str, score: float, reason: str) -> None:
@@ -277,6 +306,8 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "parent_index": attempt.parent_index,
         "pivot_tokens": attempt.pivot_tokens,
         "improved": attempt.improved,
+        "shaped_reward": attempt.shaped_reward,
+        "shaping": attempt.shaping,
     }
 
 
@@ -336,6 +367,8 @@ def _attempt_record(row: AttemptRow) -> Attempt:
             "parent_index": row.parent_index,
             "pivot_tokens": row.pivot_tokens,
             "improved": row.improved,
+            "shaped_reward": row.shaped_reward,
+            "shaping": row.shaping,
         }
     )
 

@@ -198,3 +198,14 @@ def test_positive_ratio_filter_reaches_the_target_ratio() -> None:
     many_positive = rows_with_rewards([1.0] * 9 + [0.0])
     kept = positive_ratio_filter(many_positive, 0.75, random.Random(0))
     assert sum(r.reward > 0 for r in kept) == 3 and len(kept) == 4
+
+
+def test_failed_guided_samples_are_not_pushed_down_under_the_bare_prompt() -> None:
+    group = make_group([1.0, 0.0, 1.0, 0.0], prompt=[7, 8, 9])
+    first, second, *rest = group.attempts
+    group = with_attempts(group, [first, second] + [guided(a, [7, 8, 9]) for a in rest])
+    rows = build_rows([group], GRPO)
+    assert context_counts(rows) == {"bare": 2, "distill:demo": 1}
+    assert all(r.advantages[-1] > 0 for r in rows if r.context == "distill:demo")
+    with_negatives = build_rows([group], TrainSettings(max_length=64, distill_negatives=True))
+    assert context_counts(with_negatives) == {"bare": 2, "distill:demo": 2}

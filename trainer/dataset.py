@@ -4,8 +4,11 @@
    (`trainer.advantages`). Members whose advantage is zero are dropped.
 2. Context at train time: a guided member is trained as a *distill copy*, its sampled completion
    under the bare prompt (the ids the server tokenised for the unguided attempts), without the
-   importance weight, since it was never sampled under that prompt. With `distill_guided` off
-   it is trained under its own guided prompt, importance-weighted like any sample.
+   importance weight, since it was never sampled under that prompt. Only distill copies with a
+   positive advantage are kept unless `distill_negatives` is set: pushing down text the policy
+   never sampled, with no importance weight to bound it, is what destabilises a small model.
+   With `distill_guided` off a guided member is trained under its own guided prompt,
+   importance-weighted like any sample.
 3. Pivotal credit: a retry replays its parent's first `pivot_tokens` completion tokens; those
    tokens get no gradient, in the retry and in the parent it is paired with.
 4. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
@@ -81,12 +84,15 @@ def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
     retries = [a for a in group.attempts if a.kind == "retry" and a.error is None]
     members = group.first_attempts + retries
     pivots = {a.parent_index: a.pivot_tokens for a in retries}
-    scores = advantages(settings.mode, [a.reward for a in members], settings.amplification)
+    rewards = [a.train_reward for a in members]
+    scores = advantages(settings.mode, rewards, settings.amplification)
     rows = []
     for attempt, advantage in zip(members, scores, strict=True):
         pivot = attempt.pivot_tokens or pivots.get(attempt.sample_index, 0)
-        if advantage != 0.0 and (row := _row(attempt, advantage, pivot, settings)) is not None:
-            rows.append(row)
+        row = _row(attempt, advantage, pivot, settings) if advantage != 0.0 else None
+        if row is None or (advantage < 0 and not row.importance and not settings.distill_negatives):
+            continue
+        rows.append(row)
     return rows
 
 

@@ -19,6 +19,9 @@ class TrainSettings(BaseModel):
     positive_ratio: float = Field(0.75, gt=0.0, lt=1.0, description="RLTLDR's row filter")
     insight_weight: float = Field(0.5, ge=0.0, description="RLTLDR's lambda on insight SFT")
     distill_guided: bool = True
+    distill_negatives: bool = Field(
+        False, description="also train failed guided samples under the bare prompt"
+    )
     learning_rate: float = 1e-4
     lora_rank: int = 16
     lora_alpha: int = 32

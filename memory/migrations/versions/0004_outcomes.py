@@ -1,0 +1,35 @@
+"""outcome counts per (task, answer key), and shaped rewards with their terms on attempts
+
+Revision ID: 0004
+Revises: 0003
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "outcome_count",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("task_id", sa.String(length=200), nullable=False),
+        sa.Column("answer_key", sa.String(length=200), nullable=False),
+        sa.Column("count", sa.Integer(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("task_id", "answer_key"),
+    )
+    with op.batch_alter_table("attempt") as batch:
+        batch.add_column(sa.Column("shaped_reward", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("shaping", sa.JSON(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("attempt") as batch:
+        batch.drop_column("shaping")
+        batch.drop_column("shaped_reward")
+    op.drop_table("outcome_count")

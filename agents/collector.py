@@ -11,7 +11,9 @@
    the server tokenised them for the group's unguided attempts, so training can distil it.
 5. With `reflect_retry`, every unguided attempt short of full reward is reflected on and retried
    (`agents.reflection`); the reflection and the retry join the group as extra attempts.
-6. With `insights`, a group's attempts run in sequence; a judge turns each failure into a
+6. With `strategy` (SGE), each attempt writes a strategy, then answers (`agents.strategy`); the
+   second half of a group sees the first half's strategies with their outcomes.
+7. With `insights`, a group's attempts run in sequence; a judge turns each failure into a
    one-line insight on the batch's board, and later attempts see the board's insights while
    the batch's success rate is at most 50% (`agents.insight`).
 """
@@ -37,6 +39,7 @@ from agents.errors import PolicyError
 from agents.insight import InsightBoard, judge
 from agents.policy import PolicyClient
 from agents.reflection import reflect, wants_retry
+from agents.strategy import StrategySettings, reflection_note, strategy_attempt
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
 from verifiers.reasoning import verify, worked_example
 from verifiers.task import Task
@@ -61,6 +64,7 @@ class CollectSettings(BaseModel):
     guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
     reflect_retry: bool = False
     insights: bool = False
+    strategy: StrategySettings | None = None
 
     def guided_slots(self) -> int:
         return round(self.group_size * self.guided_fraction)
@@ -118,16 +122,11 @@ async def collect_group(
 ) -> Group:
     bare = bare_messages(task, settings.system_prompt)
     if board is None:
-        attempts_G: list[Attempt | None] = [None] * settings.group_size
-
-        async def run_attempt(index: int) -> None:
-            async with limiter:
-                attempts_G[index] = await _first_attempt(client, task, model, settings, index)
-
-        async with anyio.create_task_group() as tg:
-            for index in range(settings.group_size):
-                tg.start_soon(run_attempt, index)
-        attempts = [a for a in attempts_G if a is not None]
+        size = settings.group_size
+        reflect = settings.strategy is not None and settings.strategy.reflect and size > 1
+        half = (size + 1) // 2 if reflect else size
+        attempts = await _wave(client, task, model, settings, limiter, range(half), [])
+        attempts += await _wave(client, task, model, settings, limiter, range(half, size), attempts)
     else:
         attempts = await _sequential_attempts(client, task, model, settings, limiter, board)
     attempts = await _with_bare_ids(attempts, client, model, bare)
@@ -145,6 +144,30 @@ async def collect_group(
     )
 
 
+async def _wave(
+    client: PolicyClient,
+    task: Task,
+    model: str,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+    indices: range,
+    earlier: list[Attempt],
+) -> list[Attempt]:
+    """Slots `indices` sampled concurrently; SGE's second wave sees the first's strategies."""
+    attempts_W: dict[int, Attempt] = {}
+
+    async def run_attempt(index: int) -> None:
+        async with limiter:
+            attempts_W[index] = await _first_attempt(
+                client, task, model, settings, index, earlier=earlier
+            )
+
+    async with anyio.create_task_group() as tg:
+        for index in indices:
+            tg.start_soon(run_attempt, index)
+    return [attempts_W[i] for i in indices]
+
+
 async def _first_attempt(
     client: PolicyClient,
     task: Task,
@@ -152,9 +175,12 @@ async def _first_attempt(
     settings: CollectSettings,
     index: int,
     insights: list[str] | None = None,
+    earlier: list[Attempt] | None = None,
 ) -> Attempt:
-    """Slot `index`: a worked example in the first guided slots, else the insights, else bare."""
+    """Slot `index`: a worked example in the first guided slots, else the insights, else the
+    earlier strategies (SGE), else bare; sampled plainly or strategy first (SGE)."""
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    tried = [a for a in earlier or [] if a.strategy]
     plan: dict[str, Any]
     if index < settings.guided_slots():
         example = worked_example(task.taskset)
@@ -163,10 +189,56 @@ async def _first_attempt(
     elif insights:
         messages = insight_messages(task, settings.system_prompt, insights)
         plan = {"kind": "guided", "context": "insights", "guidance": "\n".join(insights)}
+    elif tried:
+        note = reflection_note(tried)
+        messages = [*bare_messages(task, settings.system_prompt), {"role": "user", "content": note}]
+        plan = {"kind": "guided", "context": "strategies", "guidance": note}
     else:
         messages = bare_messages(task, settings.system_prompt)
         plan = {}
-    return await attempt_task(client, task, messages, model, sampling, index, **plan)
+    if settings.strategy is None:
+        return await attempt_task(client, task, messages, model, sampling, index, **plan)
+    try:
+        prompt_ids = await client.tokenize(model, messages)
+    except PolicyError as exc:
+        return _failed(index, model, messages, sampling, plan, exc)
+    temperature = settings.strategy.temperature(index, settings.group_size)
+    return await strategy_attempt(
+        client,
+        task,
+        model,
+        messages,
+        prompt_ids,
+        index,
+        temperature,
+        settings.strategy,
+        settings.max_tokens,
+        plan,
+    )
+
+
+def _failed(
+    index: int,
+    model: str,
+    messages: Messages,
+    sampling: SamplingSettings,
+    plan: dict[str, Any],
+    exc: PolicyError,
+) -> Attempt:
+    return Attempt(
+        sample_index=index,
+        policy_version=model,
+        messages=messages,
+        sampling=sampling,
+        sample=None,
+        reward=0.0,
+        correct=False,
+        format_ok=False,
+        answer=None,
+        reason="policy call failed",
+        error=str(exc),
+        **plan,
+    )
 
 
 async def _sequential_attempts(

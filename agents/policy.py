@@ -63,15 +63,37 @@ class PolicyClient:
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise PolicyError(f"tokenize failed: {_first_line(str(exc))}") from exc
 
+    async def continue_turn(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        prefix: str,
+        sampling: SamplingSettings,
+        stop: list[str] | None = None,
+    ) -> Sample:
+        """Continue an assistant turn that starts with `prefix`; a stop string is kept in the
+        output, so the text and ids are exactly what was sampled."""
+        turn = [*messages, {"role": "assistant", "content": prefix}]
+        body = {
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "include_stop_str_in_output": True,
+        }
+        return await self.sample(model, turn, sampling, extra_body=body, stop=stop)
+
     async def sample(
         self,
         model: str,
         messages: list[dict[str, Any]],
         sampling: SamplingSettings,
         response_format: dict[str, Any] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        stop: list[str] | None = None,
     ) -> Sample:
         """One completion; `response_format` asks the server for schema-constrained JSON."""
-        extra = {"response_format": response_format} if response_format else {}
+        extra: dict[str, Any] = {"response_format": response_format} if response_format else {}
+        if stop:
+            extra["stop"] = stop
         try:
             response = await self._client.chat.completions.create(
                 model=model,
@@ -80,7 +102,7 @@ class PolicyClient:
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
                 logprobs=True,
-                extra_body={"return_token_ids": True},
+                extra_body={"return_token_ids": True, **(extra_body or {})},
                 extra_headers={"Idempotency-Key": uuid.uuid4().hex},
                 **extra,  # type: ignore[arg-type]
             )

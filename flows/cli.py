@@ -28,6 +28,7 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--taskset": ("taskset", str, "task set"),
     "--temperature": ("temperature", float, "sampling temperature of train attempts"),
     "--guided-fraction": ("guided_fraction", float, "share of each group sampled with guidance"),
+    "--sge": ("sge", int, "1: a strategy first, then the answer (SGE)"),
     "--reflect-retry": ("reflect_retry", int, "1: reflect on failed attempts and retry (R3L)"),
     "--insights": ("insights", int, "1: sequential attempts with judged insights (RLTLDR)"),
     "--outcome-bonus": ("outcome.bonus", float, "bonus for rarely seen answers (c_hist)"),
@@ -315,7 +316,7 @@ def _run_defaults() -> dict[str, Any]:
 
     defaults = RunSettings().model_dump()
     flat = {key: value for key, value in defaults.items() if not isinstance(value, dict)}
-    for table in ("train", "outcome"):
+    for table in ("train", "outcome", "strategy"):
         flat |= {f"{table}.{key}": value for key, value in defaults[table].items()}
     return flat
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.collector import CollectSettings
 from agents.outcome import OutcomeSettings
+from agents.strategy import StrategySettings
 from serving.promotion import Gate
 from trainer.settings import TrainSettings
 
@@ -33,6 +34,8 @@ class RunSettings(BaseModel):
     guided_fraction: float = Field(
         0.5, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
     )
+    sge: bool = Field(False, description="strategy first, then the answer (SGE)")
+    strategy: StrategySettings = StrategySettings()
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
     outcome: OutcomeSettings = OutcomeSettings()
@@ -52,6 +55,7 @@ class RunSettings(BaseModel):
             guided_fraction=self.guided_fraction,
             reflect_retry=self.reflect_retry,
             insights=self.insights,
+            strategy=self.strategy if self.sge else None,
         )
 
     def eval_settings(self) -> CollectSettings:

@@ -104,6 +104,7 @@ class AttemptRow(Base):
     improved: Mapped[bool | None] = mapped_column(Boolean)
     shaped_reward: Mapped[float | None] = mapped_column(Float)
     shaping: Mapped[dict[str, Any] | None] = mapped_column()
+    strategy: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")

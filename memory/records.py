@@ -41,6 +41,7 @@ class SamplingSettings(Record):
     temperature: float
     max_tokens: int
     top_p: float = 1.0
+    strategy_temperature: float | None = None
 
 
 class PolicyVersion(Record):
@@ -90,6 +91,7 @@ class Attempt(Record):
     improved: bool | None = None
     shaped_reward: float | None = None
     shaping: dict[str, float] | None = None
+    strategy: str | None = None
 
     @property
     def guided(self) -> bool:

@@ -87,9 +87,8 @@ def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
         "policy_version": group.policy_version,
     }
     values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
-    inserted = session.execute(
-        _insert(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
-    )
+    statement = _insert(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
+    inserted = session.scalar(statement.returning(RolloutGroupRow.id))
     group_id = session.scalar(select(RolloutGroupRow.id).filter_by(**key))
     assert group_id is not None
     for attempt in group.attempts:
@@ -97,7 +96,7 @@ def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
         session.execute(_insert(session, AttemptRow).values(**row).on_conflict_do_nothing())
     session.flush()
     _refresh_group_stats(session, group_id)
-    return group_id, inserted.rowcount == 1
+    return group_id, inserted is not None
 
 
 def load_groups(
@@ -308,6 +307,7 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "improved": attempt.improved,
         "shaped_reward": attempt.shaped_reward,
         "shaping": attempt.shaping,
+        "strategy": attempt.strategy,
     }
 
 
@@ -369,6 +369,7 @@ def _attempt_record(row: AttemptRow) -> Attempt:
             "improved": row.improved,
             "shaped_reward": row.shaped_reward,
             "shaping": row.shaping,
+            "strategy": row.strategy,
         }
     )
 

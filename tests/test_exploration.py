@@ -245,3 +245,84 @@ def test_an_invalid_judgement_adds_no_insight() -> None:
     assert all(a.context == "bare" for a in group.first_attempts)
     insights = [a for a in group.attempts if a.kind == "insight"]
     assert all(a.sample is None and a.reason.startswith("invalid judgement") for a in insights)
+
+
+def sge_server(seen: list[dict], strategy_ids: list[int], action_prompt_extra: list[int]):
+    """Prompt ids: bare = [1, 2]; the forced prefix "Strategy:" = [30]."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [1, 2] + [5] * (len(body["messages"]) - 2)})
+        prefix = body["messages"][-1]["content"]
+        bare = [1, 2] + [5] * (len(body["messages"]) - 3)
+        if prefix == "Strategy:":
+            reply = completion(" Add them.\n", strategy_ids)
+            reply["prompt_token_ids"] = [*bare, 30]
+            return httpx.Response(200, json=reply)
+        reply = completion(f"<answer>{TASK.answer}</answer>", [60, 61])
+        reply["prompt_token_ids"] = [*bare, 30, *strategy_ids, *action_prompt_extra]
+        return httpx.Response(200, json=reply)
+
+    return handler
+
+
+def run_sge(handler, group_size: int = 1, reflect: bool = False) -> Group:
+    from agents.strategy import StrategySettings
+
+    settings = CollectSettings(
+        group_size=group_size, strategy=StrategySettings(reflect=reflect), max_tokens=8
+    )
+
+    async def main():
+        return await collect_groups(
+            client_for(handler),
+            [TASK],
+            model="m",
+            round_index=1,
+            purpose="train",
+            settings=settings,
+            limiter=anyio.CapacityLimiter(2),
+            on_group=lambda g: None,
+        )
+
+    (group,) = anyio.run(main)
+    return group
+
+
+def test_sge_trains_strategy_and_answer_tokens_but_not_the_forced_prefix() -> None:
+    seen: list[dict] = []
+    group = run_sge(sge_server(seen, [40, 41, 42], []))
+    (attempt,) = group.attempts
+    sample = attempt.sample
+    assert sample.prompt_token_ids == [1, 2]
+    assert sample.completion_token_ids == [30, 40, 41, 42, 60, 61]
+    assert sample.logprobs == [0.0, -0.5, -0.5, -0.5, -0.5, -0.5]
+    assert attempt.pivot_tokens == 1 and attempt.strategy == "Add them."
+    assert attempt.correct and attempt.sampling.strategy_temperature == 0.7
+    assert attempt.sampling.temperature == 0.6
+    strategy_call, answer_call = [b for b in seen if "messages" in b and "model" in b][1:3]
+    assert strategy_call["continue_final_message"] and strategy_call["stop"] == ["\n"]
+    assert strategy_call["include_stop_str_in_output"] and strategy_call["temperature"] == 0.7
+    assert answer_call["messages"][-1]["content"] == "Strategy: Add them.\n"
+    assert answer_call["temperature"] == 0.6
+
+
+def test_sge_masks_a_strategy_the_server_tokenised_differently() -> None:
+    group = run_sge(sge_server([], [40, 41, 42], [99]))
+    (attempt,) = group.attempts
+    assert attempt.sample.completion_token_ids == [30, 40, 41, 42, 99, 60, 61]
+    assert attempt.pivot_tokens == 5, "only the answer is trained"
+    assert "not token-exact" in attempt.reason
+
+
+def test_sge_second_wave_sees_the_first_waves_strategies() -> None:
+    group = run_sge(sge_server([], [40], []), group_size=4, reflect=True)
+    first, second = group.first_attempts[:2], group.first_attempts[2:]
+    assert all(a.context == "bare" for a in first)
+    assert [a.sampling.strategy_temperature for a in group.first_attempts] == [0.7, 0.9, 1.1, 1.3]
+    for attempt in second:
+        assert attempt.context == "strategies" and attempt.kind == "guided"
+        assert "worked: Add them." in attempt.messages[-1]["content"]
+        assert attempt.bare_prompt_token_ids == [1, 2]

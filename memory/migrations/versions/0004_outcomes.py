@@ -1,4 +1,5 @@
-"""outcome counts per (task, answer key), and shaped rewards with their terms on attempts
+"""outcome counts per (task, answer key); shaped rewards with their terms, and the strategy,
+on attempts
 
 Revision ID: 0004
 Revises: 0003
@@ -26,10 +27,12 @@ def upgrade() -> None:
     with op.batch_alter_table("attempt") as batch:
         batch.add_column(sa.Column("shaped_reward", sa.Float(), nullable=True))
         batch.add_column(sa.Column("shaping", sa.JSON(), nullable=True))
+        batch.add_column(sa.Column("strategy", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("attempt") as batch:
+        batch.drop_column("strategy")
         batch.drop_column("shaping")
         batch.drop_column("shaped_reward")
     op.drop_table("outcome_count")

@@ -1,0 +1,144 @@
+"""Strategy-guided exploration (SGE): a short strategy first, then the answer conditioned on it.
+
+1. Two calls, since temperature cannot change inside one response: the strategy continues an
+   assistant turn that starts with "Strategy:" and stops at the end of its line, at a strategy
+   temperature spread across the group (0.7 to 1.3); the answer continues the same turn after
+   the strategy at the lower action temperature.
+2. Token bookkeeping: the attempt's completion is the forced "Strategy:" prefix (never trained),
+   the strategy tokens and the answer tokens, with the server's logprobs, on exactly the ids the
+   server used. If the server re-tokenised the strategy differently in the second call, the
+   strategy becomes part of the masked prefix and only the answer is trained.
+3. Strategy reflection: the second half of a group sees the first half's strategies with their
+   outcomes, failed ones first ("propose a different one"); those attempts are guided
+   (context "strategies") and train as distill copies under the bare prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.context import Messages
+from agents.errors import PolicyError
+from agents.policy import PolicyClient
+from memory.records import Attempt, Sample, SamplingSettings
+from verifiers.reasoning import verify
+from verifiers.task import Task
+
+PREFIX = "Strategy:"
+
+
+class StrategySettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    low_temperature: float = Field(0.7, ge=0.0)
+    high_temperature: float = Field(1.3, ge=0.0)
+    action_temperature: float = Field(0.6, ge=0.0)
+    max_tokens: int = Field(48, ge=1, description="strategy tokens")
+    reflect: bool = True
+
+    def temperature(self, index: int, size: int) -> float:
+        """Strategy temperatures spread evenly across a group's slots."""
+        if size < 2:
+            return self.low_temperature
+        step = (self.high_temperature - self.low_temperature) / (size - 1)
+        return round(self.low_temperature + step * index, 3)
+
+
+def reflection_note(earlier: list[Attempt]) -> str:
+    """Earlier strategies for this task with outcomes: failures first, then successes."""
+    failed = [a.strategy for a in earlier if a.strategy and not a.correct]
+    worked = [a.strategy for a in earlier if a.strategy and a.correct]
+    lines = ["Earlier strategies for this task:"]
+    lines += [f"- failed: {s}" for s in failed] + [f"- worked: {s}" for s in worked]
+    if failed:
+        lines.append("Propose a different strategy from the ones that failed.")
+    return "\n".join(lines)
+
+
+async def strategy_attempt(
+    client: PolicyClient,
+    task: Task,
+    model: str,
+    messages: Messages,
+    prompt_ids: list[int],
+    index: int,
+    temperature: float,
+    settings: StrategySettings,
+    max_tokens: int,
+    plan: dict[str, Any],
+) -> Attempt:
+    """One SGE attempt: strategy call, then answer call; failures are recorded, never raised.
+
+    `prompt_ids` are the server's ids of `messages` with the generation prompt.
+    """
+    sampling = SamplingSettings(
+        temperature=settings.action_temperature,
+        max_tokens=max_tokens,
+        strategy_temperature=temperature,
+    )
+    base = {"sample_index": index, "policy_version": model, "messages": messages, **plan}
+    strategy_sampling = SamplingSettings(temperature=temperature, max_tokens=settings.max_tokens)
+    try:
+        strategy = await client.continue_turn(model, messages, PREFIX, strategy_sampling, ["\n"])
+        written = PREFIX + strategy.text + ("" if strategy.text.endswith("\n") else "\n")
+        action = await client.continue_turn(model, messages, written, sampling)
+    except PolicyError as exc:
+        return Attempt(
+            **base,
+            sampling=sampling,
+            sample=None,
+            reward=0.0,
+            correct=False,
+            format_ok=False,
+            answer=None,
+            reason="policy call failed",
+            error=str(exc),
+        )
+    sample, pivot, exact = join(prompt_ids, strategy, action)
+    verdict = verify(task, action.text)
+    reason = verdict.reason + ("" if exact else ", strategy not token-exact: answer trained only")
+    if action.finish_reason == "length":
+        reason += ", truncated"
+    return Attempt(
+        **base,
+        sampling=sampling,
+        sample=sample,
+        reward=verdict.reward,
+        correct=verdict.correct,
+        format_ok=verdict.format_ok,
+        answer=verdict.answer,
+        reason=reason,
+        strategy=strategy.text.strip(),
+        pivot_tokens=pivot,
+    )
+
+
+def join(prompt_ids: list[int], strategy: Sample, action: Sample) -> tuple[Sample, int, bool]:
+    """One sample from the two calls, its masked prefix length, and whether the strategy
+    tokens are exactly the sampled ones (then they are trained too).
+
+    The strategy call's prompt is `prompt_ids` plus the forced prefix; the answer call's prompt
+    should be that plus the strategy's sampled tokens, and nothing else.
+    """
+    if strategy.prompt_token_ids[: len(prompt_ids)] != prompt_ids:
+        raise PolicyError("the strategy call's prompt does not extend the bare prompt")
+    forced = len(strategy.prompt_token_ids) - len(prompt_ids)
+    expected = strategy.prompt_token_ids + strategy.completion_token_ids
+    tail = action.prompt_token_ids[len(prompt_ids) :]
+    exact = action.prompt_token_ids == expected
+    if exact:
+        logprobs = [0.0] * forced + strategy.logprobs + action.logprobs
+        pivot = forced
+    else:
+        logprobs = [0.0] * len(tail) + action.logprobs
+        pivot = len(tail)
+    joined = Sample(
+        text=PREFIX + strategy.text + action.text,
+        prompt_token_ids=prompt_ids,
+        completion_token_ids=tail + action.completion_token_ids,
+        logprobs=logprobs,
+        finish_reason=action.finish_reason,
+    )
+    return joined, pivot, exact

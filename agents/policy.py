@@ -81,6 +81,46 @@ class PolicyClient:
         }
         return await self.sample(model, turn, sampling, extra_body=body, stop=stop)
 
+    async def complete_ids(
+        self,
+        model: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        stop: list[str] | None = None,
+    ) -> Sample:
+        """Continue exactly `prompt_ids` (the completions API takes token ids), so a turn
+        resumed after earlier sampled tokens sees those very tokens, not a re-tokenisation."""
+        try:
+            response = await self._client.completions.create(
+                model=model,
+                prompt=prompt_ids,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                logprobs=1,
+                stop=stop,
+                extra_body={"return_token_ids": True, "include_stop_str_in_output": True},
+                extra_headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
+        except openai.APIError as exc:
+            raise PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}") from exc
+        if not response.choices:
+            raise PolicyError("server returned no choices")
+        choice = response.choices[0]
+        token_ids = getattr(choice, "token_ids", None)
+        if token_ids is None:
+            raise PolicyError("server returned no token ids (is it vLLM with return_token_ids?)")
+        logprobs = list(choice.logprobs.token_logprobs or []) if choice.logprobs else []
+        if len(logprobs) != len(token_ids):
+            raise PolicyError(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
+        return Sample(
+            text=choice.text,
+            prompt_token_ids=list(prompt_ids),
+            completion_token_ids=list(token_ids),
+            logprobs=[float(lp) for lp in logprobs],
+            finish_reason=choice.finish_reason or "unknown",
+        )
+
     async def sample(
         self,
         model: str,

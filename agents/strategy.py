@@ -2,12 +2,13 @@
 
 1. Two calls, since temperature cannot change inside one response: the strategy continues an
    assistant turn that starts with "Strategy:" and stops at the end of its line, at a strategy
-   temperature spread across the group (0.7 to 1.3); the answer continues the same turn after
-   the strategy at the lower action temperature.
-2. Token bookkeeping: the attempt's completion is the forced "Strategy:" prefix (never trained),
-   the strategy tokens and the answer tokens, with the server's logprobs, on exactly the ids the
-   server used. If the server re-tokenised the strategy differently in the second call, the
-   strategy becomes part of the masked prefix and only the answer is trained.
+   temperature spread across the group (0.7 to 1.3); the answer continues from exactly the
+   strategy call's prompt and sampled token ids (the completions API takes ids, so nothing is
+   re-tokenised) at the lower action temperature.
+2. Token bookkeeping: the attempt's completion is the forced "Strategy:" prefix, the strategy
+   tokens, the forced "Answer:" cue and the answer tokens, with the server's logprobs; the
+   forced parts are never trained. Should the answer call's prompt ever differ from what the
+   strategy call produced, the strategy joins the masked prefix and only the answer is trained.
 3. Strategy reflection: the second half of a group sees the first half's strategies with their
    outcomes, failed ones first ("propose a different one"); those attempts are guided
    (context "strategies") and train as distill copies under the bare prompt.
@@ -27,6 +28,7 @@ from verifiers.reasoning import verify
 from verifiers.task import Task
 
 PREFIX = "Strategy:"
+ANSWER_CUE = "Answer:"
 
 
 class StrategySettings(BaseModel):
@@ -82,8 +84,9 @@ async def strategy_attempt(
     strategy_sampling = SamplingSettings(temperature=temperature, max_tokens=settings.max_tokens)
     try:
         strategy = await client.continue_turn(model, messages, PREFIX, strategy_sampling, ["\n"])
-        written = PREFIX + strategy.text + ("" if strategy.text.endswith("\n") else "\n")
-        action = await client.continue_turn(model, messages, written, sampling)
+        cue = await client.tokenize_text(model, ANSWER_CUE)
+        context = strategy.prompt_token_ids + strategy.completion_token_ids + cue
+        action = await client.complete_ids(model, context, sampling)
     except PolicyError as exc:
         return Attempt(
             **base,
@@ -96,7 +99,7 @@ async def strategy_attempt(
             reason="policy call failed",
             error=str(exc),
         )
-    sample, pivot, exact = join(prompt_ids, strategy, action)
+    sample, pivot, exact = join(prompt_ids, strategy, action, len(cue))
     verdict = verify(task, action.text)
     reason = verdict.reason + ("" if exact else ", strategy not token-exact: answer trained only")
     if action.finish_reason == "length":
@@ -112,30 +115,39 @@ async def strategy_attempt(
         reason=reason,
         strategy=strategy.text.strip(),
         pivot_tokens=pivot,
+        forced_spans=[_cue_span(sample, action, len(cue))] if exact else [],
     )
 
 
-def join(prompt_ids: list[int], strategy: Sample, action: Sample) -> tuple[Sample, int, bool]:
+def _cue_span(sample: Sample, action: Sample, cue: int) -> tuple[int, int]:
+    end = len(sample.completion_token_ids) - len(action.completion_token_ids)
+    return (end - cue, end)
+
+
+def join(
+    prompt_ids: list[int], strategy: Sample, action: Sample, cue: int
+) -> tuple[Sample, int, bool]:
     """One sample from the two calls, its masked prefix length, and whether the strategy
     tokens are exactly the sampled ones (then they are trained too).
 
     The strategy call's prompt is `prompt_ids` plus the forced prefix; the answer call's prompt
-    should be that plus the strategy's sampled tokens, and nothing else.
+    should be that plus the strategy's sampled tokens and the `cue` forced answer-cue tokens.
     """
     if strategy.prompt_token_ids[: len(prompt_ids)] != prompt_ids:
         raise PolicyError("the strategy call's prompt does not extend the bare prompt")
     forced = len(strategy.prompt_token_ids) - len(prompt_ids)
     expected = strategy.prompt_token_ids + strategy.completion_token_ids
     tail = action.prompt_token_ids[len(prompt_ids) :]
-    exact = action.prompt_token_ids == expected
+    exact = action.prompt_token_ids[: len(expected)] == expected
+    exact = exact and len(action.prompt_token_ids) == len(expected) + cue
     if exact:
-        logprobs = [0.0] * forced + strategy.logprobs + action.logprobs
+        logprobs = [0.0] * forced + strategy.logprobs + [0.0] * cue + action.logprobs
         pivot = forced
     else:
         logprobs = [0.0] * len(tail) + action.logprobs
         pivot = len(tail)
     joined = Sample(
-        text=PREFIX + strategy.text + action.text,
+        text=PREFIX + strategy.text + ANSWER_CUE + action.text,
         prompt_token_ids=prompt_ids,
         completion_token_ids=tail + action.completion_token_ids,
         logprobs=logprobs,

@@ -105,6 +105,7 @@ class AttemptRow(Base):
     shaped_reward: Mapped[float | None] = mapped_column(Float)
     shaping: Mapped[dict[str, Any] | None] = mapped_column()
     strategy: Mapped[str | None] = mapped_column(Text)
+    forced_spans: Mapped[list[Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")

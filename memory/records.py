@@ -65,7 +65,8 @@ class Attempt(Record):
     `context` names the guidance that was in the prompt ("bare" when none); a guided attempt
     keeps `bare_prompt_token_ids`, the prompt without guidance, so training can distil it into
     the bare prompt. A retry points at the attempt it retries (`parent_index`) and at the pivot:
-    `pivot_tokens` completion tokens replayed verbatim from the parent, never trained on. Kinds
+    `pivot_tokens` completion tokens replayed verbatim from the parent, never trained on;
+    `forced_spans` are other (start, end) completion spans the policy did not sample. Kinds
     "reflection" and "insight" hold the policy's own text about another attempt, which
     `improved` marks when it led to a better retry. `shaped_reward` and its terms (`shaping`)
     are kept apart from the verifier's `reward`.
@@ -88,10 +89,16 @@ class Attempt(Record):
     bare_prompt_token_ids: list[int] | None = None
     parent_index: int | None = None
     pivot_tokens: int = Field(0, ge=0)
+    forced_spans: list[tuple[int, int]] = Field(default_factory=list)
     improved: bool | None = None
     shaped_reward: float | None = None
     shaping: dict[str, float] | None = None
     strategy: str | None = None
+
+    @field_validator("forced_spans", mode="before")
+    @classmethod
+    def _no_spans(cls, value: Any) -> Any:
+        return [] if value is None else value
 
     @property
     def guided(self) -> bool:

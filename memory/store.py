@@ -308,6 +308,7 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "shaped_reward": attempt.shaped_reward,
         "shaping": attempt.shaping,
         "strategy": attempt.strategy,
+        "forced_spans": [list(span) for span in attempt.forced_spans],
     }
 
 
@@ -370,6 +371,7 @@ def _attempt_record(row: AttemptRow) -> Attempt:
             "shaped_reward": row.shaped_reward,
             "shaping": row.shaping,
             "strategy": row.strategy,
+            "forced_spans": row.forced_spans,
         }
     )
 

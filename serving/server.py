@@ -4,13 +4,15 @@
    `python -m vllm.entrypoints.openai.api_server`, bound to loopback, with LoRA enabled so that
    new adapters can be hot-loaded under new names.
 2. Healthy means `/health` answers 200 *and* a 1-token generation succeeds: a dead engine can still
-   answer some routes.
+   answer some routes. A probe that times out on a busy server still counts as alive when the
+   engine's generated-token counter (`/metrics`) moved since the last probe.
 3. Every failure is one line: the port is taken, the interpreter is missing, or the server died or
    never became healthy, with the last lines of its log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -61,6 +63,7 @@ class VllmServer:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self._process: subprocess.Popen[bytes] | None = None
+        self._generated: float | None = None
 
     @property
     def url(self) -> str:
@@ -117,7 +120,12 @@ class VllmServer:
         if self._process is None or self._process.poll() is not None:
             return False
         with httpx.Client(base_url=self.url, timeout=self.settings.probe_timeout_s) as client:
-            return generates(client, self.settings.served_name)
+            if generates(client, self.settings.served_name):
+                self._generated = generated_tokens(client)
+                return True
+            before, self._generated = self._generated, generated_tokens(client)
+        # Busy, not dead: the engine produced tokens since the last probe.
+        return before is not None and self._generated is not None and self._generated > before
 
     def ensure_alive(self) -> bool:
         """Restart the server if it died or stopped generating; returns whether it restarted.
@@ -146,16 +154,20 @@ class VllmServer:
         self.start()
 
     def stop(self) -> None:
+        """Stop the server's whole process group and wait until its port is free again."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        self._generated = None
+        if process is None:
             return
-        os.killpg(process.pid, signal.SIGCONT)  # a stopped group cannot act on SIGTERM
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGCONT)  # a stopped group cannot act on SIGTERM
+            _signal_group(process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+        _signal_group(process.pid, signal.SIGKILL)  # engine workers that outlived the server
+        if process.poll() is None:
             process.wait()
+        _wait_port_free(self.settings.host, self.settings.port, timeout_s=30.0)
 
     def log_tail(self) -> str:
         path = self.settings.log_path
@@ -209,6 +221,36 @@ def ensure_port_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise ServingError(f"port {port} on {host} is already in use") from exc
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _wait_port_free(host: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ensure_port_free(host, port)
+            return
+        except ServingError:
+            time.sleep(0.5)
+    log.warning("port %d on %s is still taken after the server stopped", port, host)
+
+
+def generated_tokens(client: httpx.Client) -> float | None:
+    """vLLM's generated-token counter from /metrics, or None when it cannot be read."""
+    try:
+        response = client.get("/metrics")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    for line in response.text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            return float(line.rsplit(" ", 1)[-1])
+    return None
 
 
 def generates(client: httpx.Client, model: str) -> bool:

@@ -9,8 +9,11 @@ import httpx
 
 from agents.collector import CollectSettings, collect_groups
 from agents.reflection import parse_reflection
-from memory.records import Group
+from memory.records import Group, Sample
+from tests.test_advantages import with_attempts
 from tests.test_policy import client_for, completion
+from trainer.dataset import IGNORE, build_rows
+from trainer.settings import TrainSettings
 from verifiers.reasoning import eval_tasks
 
 TASK = eval_tasks("arithmetic", 1)[0]
@@ -247,22 +250,31 @@ def test_an_invalid_judgement_adds_no_insight() -> None:
     assert all(a.sample is None and a.reason.startswith("invalid judgement") for a in insights)
 
 
-def sge_server(seen: list[dict], strategy_ids: list[int], action_prompt_extra: list[int]):
-    """Prompt ids: bare = [1, 2]; the forced prefix "Strategy:" = [30]."""
+def sge_server(seen: list[dict], strategy_ids: list[int]):
+    """Prompt ids: bare = [1, 2] (+ [5] per extra message); "Strategy:" = [30]; "Answer:" = [70]."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         seen.append(body)
         if request.url.path == "/tokenize":
+            if "prompt" in body:
+                return httpx.Response(200, json={"tokens": [70]})
             return httpx.Response(200, json={"tokens": [1, 2] + [5] * (len(body["messages"]) - 2)})
-        prefix = body["messages"][-1]["content"]
+        if request.url.path == "/v1/completions":
+            ids = [60, 61]
+            choice = {
+                "index": 0,
+                "text": f"<answer>{TASK.answer}</answer>",
+                "finish_reason": "stop",
+                "token_ids": ids,
+                "prompt_token_ids": body["prompt"],
+                "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.25, -0.25]},
+            }
+            reply = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
+            return httpx.Response(200, json={**reply, "choices": [choice]})
         bare = [1, 2] + [5] * (len(body["messages"]) - 3)
-        if prefix == "Strategy:":
-            reply = completion(" Add them.\n", strategy_ids)
-            reply["prompt_token_ids"] = [*bare, 30]
-            return httpx.Response(200, json=reply)
-        reply = completion(f"<answer>{TASK.answer}</answer>", [60, 61])
-        reply["prompt_token_ids"] = [*bare, 30, *strategy_ids, *action_prompt_extra]
+        reply = completion(" Add them.\n", strategy_ids)
+        reply["prompt_token_ids"] = [*bare, 30]
         return httpx.Response(200, json=reply)
 
     return handler
@@ -291,34 +303,59 @@ def run_sge(handler, group_size: int = 1, reflect: bool = False) -> Group:
     return group
 
 
-def test_sge_trains_strategy_and_answer_tokens_but_not_the_forced_prefix() -> None:
+def test_sge_trains_strategy_and_answer_tokens_but_not_the_forced_ones() -> None:
     seen: list[dict] = []
-    group = run_sge(sge_server(seen, [40, 41, 42], []))
+    group = run_sge(sge_server(seen, [40, 41, 42]))
     (attempt,) = group.attempts
     sample = attempt.sample
     assert sample.prompt_token_ids == [1, 2]
-    assert sample.completion_token_ids == [30, 40, 41, 42, 60, 61]
-    assert sample.logprobs == [0.0, -0.5, -0.5, -0.5, -0.5, -0.5]
-    assert attempt.pivot_tokens == 1 and attempt.strategy == "Add them."
-    assert attempt.correct and attempt.sampling.strategy_temperature == 0.7
-    assert attempt.sampling.temperature == 0.6
-    strategy_call, answer_call = [b for b in seen if "messages" in b and "model" in b][1:3]
-    assert strategy_call["continue_final_message"] and strategy_call["stop"] == ["\n"]
-    assert strategy_call["include_stop_str_in_output"] and strategy_call["temperature"] == 0.7
-    assert answer_call["messages"][-1]["content"] == "Strategy: Add them.\n"
+    # "Strategy:" [30], the strategy, the cue "Answer:" [70], the answer: exactly as sampled.
+    assert sample.completion_token_ids == [30, 40, 41, 42, 70, 60, 61]
+    assert sample.logprobs == [0.0, -0.5, -0.5, -0.5, 0.0, -0.25, -0.25]
+    assert attempt.pivot_tokens == 1 and attempt.forced_spans == [(4, 5)]
+    assert attempt.strategy == "Add them." and attempt.correct
+    assert attempt.sampling.strategy_temperature == 0.7 and attempt.sampling.temperature == 0.6
+    strategy_call = next(b for b in seen if b.get("continue_final_message"))
+    assert strategy_call["stop"] == ["\n"] and strategy_call["include_stop_str_in_output"]
+    assert strategy_call["temperature"] == 0.7
+    answer_call = next(b for b in seen if "prompt" in b and "max_tokens" in b)
+    assert answer_call["prompt"] == [1, 2, 30, 40, 41, 42, 70]
     assert answer_call["temperature"] == 0.6
+    rows = build_rows(
+        [
+            with_attempts(
+                group, [attempt, attempt.model_copy(update={"sample_index": 1, "reward": 0.0})]
+            ).model_copy(update={"size": 2})
+        ],
+        TrainSettings(max_length=64),
+    )
+    trained = rows[0].labels[2:]
+    assert trained == [IGNORE, 40, 41, 42, IGNORE, 60, 61]
 
 
-def test_sge_masks_a_strategy_the_server_tokenised_differently() -> None:
-    group = run_sge(sge_server([], [40, 41, 42], [99]))
-    (attempt,) = group.attempts
-    assert attempt.sample.completion_token_ids == [30, 40, 41, 42, 99, 60, 61]
-    assert attempt.pivot_tokens == 5, "only the answer is trained"
-    assert "not token-exact" in attempt.reason
+def test_join_masks_a_strategy_that_is_not_token_exact() -> None:
+    from agents.strategy import join
+
+    strategy = Sample(
+        text=" x\n",
+        prompt_token_ids=[1, 2, 30],
+        completion_token_ids=[40],
+        logprobs=[-0.5],
+        finish_reason="stop",
+    )
+    action = Sample(
+        text="y",
+        prompt_token_ids=[1, 2, 30, 41, 70],
+        completion_token_ids=[60],
+        logprobs=[-0.1],
+        finish_reason="stop",
+    )
+    sample, pivot, exact = join([1, 2], strategy, action, cue=1)
+    assert not exact and pivot == 3 and sample.completion_token_ids == [30, 41, 70, 60]
 
 
 def test_sge_second_wave_sees_the_first_waves_strategies() -> None:
-    group = run_sge(sge_server([], [40], []), group_size=4, reflect=True)
+    group = run_sge(sge_server([], [40]), group_size=4, reflect=True)
     first, second = group.first_attempts[:2], group.first_attempts[2:]
     assert all(a.context == "bare" for a in first)
     assert [a.sampling.strategy_temperature for a in group.first_attempts] == [0.7, 0.9, 1.1, 1.3]

@@ -10,7 +10,8 @@
    With `distill_guided` off a guided member is trained under its own guided prompt,
    importance-weighted like any sample.
 3. Pivotal credit: a retry replays its parent's first `pivot_tokens` completion tokens; those
-   tokens get no gradient, in the retry and in the parent it is paired with.
+   tokens get no gradient, in the retry and in the parent it is paired with. Forced spans
+   (text the agent inserted, such as SGE's cues) get no gradient either.
 4. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
    that led to it. RLTLDR filters the rows to a positive ratio and adds insight SFT rows (the
    insight given only the task, weight lambda).
@@ -130,6 +131,8 @@ def _row(
     if n_completion <= pivot:
         return None
     trained = [IGNORE] * pivot + completion[pivot:n_completion]
+    for start, end in attempt.forced_spans:
+        trained[start:end] = [IGNORE] * len(trained[start:end])
     return TrainRow(
         input_ids=input_ids,
         labels=[IGNORE] * n_prompt + trained,

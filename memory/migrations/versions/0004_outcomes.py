@@ -1,5 +1,5 @@
-"""outcome counts per (task, answer key); shaped rewards with their terms, and the strategy,
-on attempts
+"""outcome counts per (task, answer key); on attempts, shaped rewards with their terms, the
+strategy, and the spans the policy did not sample
 
 Revision ID: 0004
 Revises: 0003
@@ -28,10 +28,12 @@ def upgrade() -> None:
         batch.add_column(sa.Column("shaped_reward", sa.Float(), nullable=True))
         batch.add_column(sa.Column("shaping", sa.JSON(), nullable=True))
         batch.add_column(sa.Column("strategy", sa.Text(), nullable=True))
+        batch.add_column(sa.Column("forced_spans", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("attempt") as batch:
+        batch.drop_column("forced_spans")
         batch.drop_column("strategy")
         batch.drop_column("shaping")
         batch.drop_column("shaped_reward")

@@ -394,6 +394,7 @@ async def attempt_task(
         **base,
         sampling=sampling,
         sample=sample,
+        generated_tokens=len(sample.completion_token_ids),
         reward=verdict.reward,
         correct=verdict.correct,
         format_ok=verdict.format_ok,

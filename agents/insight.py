@@ -113,6 +113,7 @@ async def judge(
     try:
         reply = await client.sample(model, messages, sampling, response_format=JUDGE_FORMAT)
         parsed = parse_judgement(reply.text)
+        record["generated_tokens"] = len(reply.completion_token_ids)
         if isinstance(parsed, str):
             return Attempt(**record, sample=None, format_ok=False, reason=parsed)
         ids = await client.tokenize_text(model, parsed.insight)

@@ -110,7 +110,13 @@ async def reflect(
     reason = "valid reflection" if valid else parsed
     if valid and sample.finish_reason == "length":
         reason += ", truncated"
-    reflection = Attempt(**record, sample=sample, format_ok=valid, reason=reason)
+    reflection = Attempt(
+        **record,
+        sample=sample,
+        format_ok=valid,
+        reason=reason,
+        generated_tokens=len(sample.completion_token_ids),
+    )
     return reflection, parsed if valid else None
 
 

@@ -108,6 +108,7 @@ async def strategy_attempt(
         **base,
         sampling=sampling,
         sample=sample,
+        generated_tokens=len(strategy.completion_token_ids) + len(action.completion_token_ids),
         reward=verdict.reward,
         correct=verdict.correct,
         format_ok=verdict.format_ok,

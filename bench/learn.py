@@ -1,16 +1,19 @@
 """Learning benchmark: held-out pass@1 after each flywheel round, one curve per arm.
 
 Each arm is a real `flywheel run` (subprocess, its own database and checkpoints) from the base
-model on the same task set and held-out tasks, against one shared vLLM server. Arms:
+model on the same task set and held-out tasks, against one shared vLLM server, with the default
+settings except for what the arm changes. Arms:
 
-    plain        GRPO on plain sampling (every attempt bare)
-    guided       GRPO, half of each group sampled with a worked example, distilled (the default)
-    r3l          R3L: half the slots, a reflection and retry for each attempt short of full
-                 reward, positive amplification; about the same number of sampled rollouts
+    grpo     GRPO advantages (guided half-groups, distilled, as by default)
+    r3l      R3L: half the slots (one guided, one bare), a reflection and retry for each bare
+             attempt short of full reward, positive amplification, improved retries as
+             single-item groups; about the same number of sampled rollouts
+    rltldr   the default: mean-only advantages, rows filtered to 75% positive
+    plain    GRPO on plain sampling: no guidance at all
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
-    .venv/bin/python bench/learn.py [--arms plain,guided,r3l] [--rounds 3] [--json P] [--png P]
+    .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--json P] [--png P]
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ ARMS: dict[str, dict[str, Any]] = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default="plain,guided,r3l")
+    parser.add_argument("--arms", default="grpo,r3l")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=64)
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")

@@ -241,7 +241,8 @@ async def _run_round(
         settings, server_url, tasks, current.name, round_index, "train", settings.collect_settings()
     )
     stages["collect"] = clock.add("collect", started)
-    attempts = [a for g in groups for a in g.attempts]
+    # Rollouts are attempts at the task (first attempts and retries), not reflections or insights.
+    attempts = [a for g in groups for a in g.attempts if a.kind in ("base", "guided", "retry")]
     bare = [a for g in groups for a in g.bare_attempts]
     result = RoundSummary(
         round_index=round_index,

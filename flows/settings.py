@@ -18,12 +18,12 @@ DEFAULT_WORKDIR = Path(".flywheel")
 
 
 class RunSettings(BaseModel):
-    """What one `flywheel run` does. Defaults finish in about 10 minutes on 2 CPU cores."""
+    """What one `flywheel run` does. Defaults finish in about 12 minutes on 2 CPU cores."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rounds: int = Field(3, ge=1)
-    tasks: int = Field(32, ge=1, description="train tasks per round")
+    tasks: int = Field(64, ge=1, description="train tasks per round")
     group_size: int = Field(4, ge=2)
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")
     taskset: str = "arithmetic"

@@ -106,6 +106,7 @@ class AttemptRow(Base):
     shaping: Mapped[dict[str, Any] | None] = mapped_column()
     strategy: Mapped[str | None] = mapped_column(Text)
     forced_spans: Mapped[list[Any] | None] = mapped_column()
+    generated_tokens: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")

@@ -90,6 +90,7 @@ class Attempt(Record):
     parent_index: int | None = None
     pivot_tokens: int = Field(0, ge=0)
     forced_spans: list[tuple[int, int]] = Field(default_factory=list)
+    generated_tokens: int = Field(0, ge=0, description="tokens the server generated, all calls")
     improved: bool | None = None
     shaped_reward: float | None = None
     shaping: dict[str, float] | None = None

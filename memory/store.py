@@ -309,6 +309,7 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "shaping": attempt.shaping,
         "strategy": attempt.strategy,
         "forced_spans": [list(span) for span in attempt.forced_spans],
+        "generated_tokens": attempt.generated_tokens,
     }
 
 
@@ -372,6 +373,7 @@ def _attempt_record(row: AttemptRow) -> Attempt:
             "shaping": row.shaping,
             "strategy": row.strategy,
             "forced_spans": row.forced_spans,
+            "generated_tokens": row.generated_tokens,
         }
     )
 

@@ -229,3 +229,35 @@ def test_guided_half_groups_and_reflect_retry_through_the_cli(
 
     assert bare.sample is not None
     assert anyio.run(tokenize) == bare.sample.prompt_token_ids
+
+
+def test_sge_insights_and_outcome_shaping_through_the_cli(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    db, _ = run_once(
+        tmp_path,
+        *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
+        str(tiny_model_path),
+        *("--server-url", tiny_server, "--guided-fraction", "0", "--sge", "1"),
+        *("--insights", "1", "--outcome-bonus", "0.1", "--repeat-penalty", "0.1"),
+    )
+    engine = store.open_store(db)
+    with store.transaction(engine) as session:
+        groups = store.load_groups(session, "train", round_index=1)
+        counts = [store.outcome_counts(session, g.task_id) for g in groups]
+    assert len(groups) == 2
+    for group, count in zip(groups, counts, strict=True):
+        assert sum(count.values()) == 2, "each first attempt's answer counted once"
+        for attempt in group.first_attempts:
+            sample = attempt.sample
+            assert sample is not None and attempt.strategy is not None
+            # Prompt, "Strategy:", the strategy, "Answer:", the answer: the server's own ids.
+            assert attempt.pivot_tokens >= 1 and attempt.generated_tokens > 0
+            assert len(sample.completion_token_ids) == len(sample.logprobs)
+            assert attempt.shaped_reward is not None and set(attempt.shaping) == {
+                "bonus",
+                "repeat_penalty",
+            }
+        # A random model fails: every attempt is judged, valid judgement or not.
+        judged = [a for a in group.attempts if a.kind == "insight"]
+        assert len(judged) == 2 and all(a.reason for a in judged)

@@ -14,7 +14,7 @@ class TrainSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: AdvantageMode = "grpo"
+    mode: AdvantageMode = "rltldr"
     amplification: float = Field(3.0, ge=0.0, description="R3L's alpha")
     positive_ratio: float = Field(0.75, gt=0.0, lt=1.0, description="RLTLDR's row filter")
     insight_weight: float = Field(0.5, ge=0.0, description="RLTLDR's lambda on insight SFT")
@@ -22,10 +22,10 @@ class TrainSettings(BaseModel):
     distill_negatives: bool = Field(
         False, description="also train failed guided samples under the bare prompt"
     )
-    learning_rate: float = 1e-4
+    learning_rate: float = 1e-3
     lora_rank: int = 16
     lora_alpha: int = 32
-    epochs: int = 2
+    epochs: int = 1
     batch_size: int = 8
     max_length: int = 512
     is_cap: float = 2.0

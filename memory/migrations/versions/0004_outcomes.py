@@ -1,5 +1,5 @@
 """outcome counts per (task, answer key); on attempts, shaped rewards with their terms, the
-strategy, and the spans the policy did not sample
+strategy, the spans the policy did not sample, and the tokens generated
 
 Revision ID: 0004
 Revises: 0003
@@ -29,10 +29,14 @@ def upgrade() -> None:
         batch.add_column(sa.Column("shaping", sa.JSON(), nullable=True))
         batch.add_column(sa.Column("strategy", sa.Text(), nullable=True))
         batch.add_column(sa.Column("forced_spans", sa.JSON(), nullable=True))
+        batch.add_column(
+            sa.Column("generated_tokens", sa.Integer(), nullable=False, server_default="0")
+        )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("attempt") as batch:
+        batch.drop_column("generated_tokens")
         batch.drop_column("forced_spans")
         batch.drop_column("strategy")
         batch.drop_column("shaping")

@@ -10,7 +10,7 @@ from trainer.advantages import grpo_advantages, mean_advantages, r3l_advantages
 from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts, positive_ratio_filter
 from trainer.settings import TrainSettings
 
-GRPO = TrainSettings(max_length=64)
+GRPO = TrainSettings(max_length=64, mode="grpo")
 R3L = TrainSettings(max_length=64, mode="r3l")
 RLTLDR = TrainSettings(max_length=64, mode="rltldr")
 
@@ -56,7 +56,7 @@ def test_rows_train_only_completion_tokens_with_group_advantage() -> None:
 
 def test_rows_are_truncated_to_max_length() -> None:
     group = make_group([1.0, 0.0], prompt=[7, 8, 9], completion_len=10)
-    rows = build_rows([group], TrainSettings(max_length=5))
+    rows = build_rows([group], TrainSettings(max_length=5, mode="grpo"))
     assert all(len(r.input_ids) == len(r.labels) == len(r.advantages) == 5 for r in rows)
 
 
@@ -95,7 +95,9 @@ def test_guided_attempts_are_distilled_under_the_bare_prompt() -> None:
     assert all(r.input_ids[:3] == [7, 8, 9] and not r.importance for r in distilled)
     assert context_counts(rows) == {"bare": 2, "distill:demo": 2}
 
-    own_prompt = build_rows([group], TrainSettings(max_length=64, distill_guided=False))
+    own_prompt = build_rows(
+        [group], TrainSettings(max_length=64, mode="grpo", distill_guided=False)
+    )
     guided_rows = [r for r in own_prompt if r.context == "guided:demo"]
     assert all(r.input_ids[:5] == [50, 51, 52, 53, 54] and r.importance for r in guided_rows)
 
@@ -207,5 +209,7 @@ def test_failed_guided_samples_are_not_pushed_down_under_the_bare_prompt() -> No
     rows = build_rows([group], GRPO)
     assert context_counts(rows) == {"bare": 2, "distill:demo": 1}
     assert all(r.advantages[-1] > 0 for r in rows if r.context == "distill:demo")
-    with_negatives = build_rows([group], TrainSettings(max_length=64, distill_negatives=True))
+    with_negatives = build_rows(
+        [group], TrainSettings(max_length=64, mode="grpo", distill_negatives=True)
+    )
     assert context_counts(with_negatives) == {"bare": 2, "distill:demo": 2}

@@ -75,7 +75,7 @@ def test_sampled_tokens_train_an_adapter_that_vllm_serves(
         parent_adapter=None,
         checkpoint_root=tmp_path,
         name="policy-r1-test",
-        settings=TrainSettings(epochs=1, batch_size=4),
+        settings=TrainSettings(epochs=1, batch_size=4, mode="grpo"),
     )
     assert result.train_tokens == sum(
         len(a.sample.completion_token_ids) for g in groups for a in g.attempts

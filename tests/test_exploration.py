@@ -327,7 +327,7 @@ def test_sge_trains_strategy_and_answer_tokens_but_not_the_forced_ones() -> None
                 group, [attempt, attempt.model_copy(update={"sample_index": 1, "reward": 0.0})]
             ).model_copy(update={"size": 2})
         ],
-        TrainSettings(max_length=64),
+        TrainSettings(max_length=64, mode="grpo"),
     )
     trained = rows[0].labels[2:]
     assert trained == [IGNORE, 40, 41, 42, IGNORE, 60, 61]

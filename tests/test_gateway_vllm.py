@@ -111,7 +111,7 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
             parent_adapter=None,
             checkpoint_root=root,
             name="policy-r1-gw",
-            settings=TrainSettings(epochs=1),
+            settings=TrainSettings(epochs=1, mode="grpo"),
         ).adapter_path
     )
     corrupt = corrupt_copies(good, root)
@@ -180,7 +180,7 @@ def test_old_versions_are_unloaded_beyond_the_limit(
             parent_adapter=None,
             checkpoint_root=root,
             name="evict-1",
-            settings=TrainSettings(epochs=1),
+            settings=TrainSettings(epochs=1, mode="grpo"),
         ).adapter_path
     )
     for i in (2, 3, 4):

@@ -94,7 +94,7 @@ def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
         groups = store.load_groups(session, "train", round_index=1)
     base = PolicyVersion(name="base", base_model="base")
     first, trained = _round_record(settings, 1, base, groups)
-    assert first.status == "running" and first.policy_out and first.method == "grpo"
+    assert first.status == "running" and first.policy_out and first.method == "rltldr"
     assert first.group_ids == [g.id for g in groups] and trained == groups
     # After a crash, the same round trains the same groups under the same name, even if
     # more groups have been stored since.

@@ -10,7 +10,7 @@ from trainer.errors import TrainerError
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 
-FAST = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-3)
+FAST = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-3, mode="grpo")
 
 
 def groups() -> list:
@@ -84,7 +84,7 @@ def test_a_killed_round_resumes_from_its_last_save(
 ) -> None:
     from trainer.round import PolicyGradientTrainer
 
-    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-3, save_steps=2)
+    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-3, save_steps=2, mode="grpo")
     original = PolicyGradientTrainer.training_step
     steps = []
 
@@ -138,7 +138,7 @@ def test_training_raises_the_likelihood_of_rewarded_completions(
     from transformers import AutoModelForCausalLM
 
     batch = [make_group([1.0, 0.0, 0.0, 0.0], task_id=f"t{i}", completion_len=6) for i in range(3)]
-    settings = TrainSettings(epochs=6, batch_size=12, learning_rate=3e-3, save_steps=0)
+    settings = TrainSettings(epochs=6, batch_size=12, learning_rate=3e-3, save_steps=0, mode="grpo")
     result = train_round(
         batch,
         base_model=tiny_model_path,

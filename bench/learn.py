@@ -34,14 +34,10 @@ from serving.model import prepare_smollm2  # noqa: E402
 from serving.server import ServerSettings, VllmServer  # noqa: E402
 
 ARMS: dict[str, dict[str, Any]] = {
+    "grpo": {"train": {"mode": "grpo"}},
+    "r3l": {"reflect_retry": True, "halve_group": True, "train": {"mode": "r3l"}},
+    "rltldr": {"train": {"mode": "rltldr"}},
     "plain": {"guided_fraction": 0.0, "train": {"mode": "grpo"}},
-    "guided": {"guided_fraction": 0.5, "train": {"mode": "grpo"}},
-    "r3l": {
-        "guided_fraction": 0.0,
-        "reflect_retry": True,
-        "halve_group": True,
-        "train": {"mode": "r3l"},
-    },
 }
 
 

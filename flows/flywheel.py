@@ -23,6 +23,7 @@ import anyio
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session
 
 from agents import outcome
 from agents.collector import CollectSettings, collect_groups
@@ -186,10 +187,30 @@ async def flywheel_run(
     )
     for _ in range(settings.rounds):
         summary.rounds.append(
-            await _run_round(settings, server_url, Path(base_model_path), held_out, clock)
+            await _run_round(
+                settings, server_url, base_name, Path(base_model_path), held_out, clock
+            )
         )
     summary.wall_seconds = clock.seconds
     return summary
+
+
+def _paired(session: Session, base_name: str, name: str, held_out: list[Task]) -> tuple[int, int]:
+    """Held-out tasks the version solves that the base did not, and the reverse."""
+    wanted = {t.task_id for t in held_out}
+
+    def solved(version: str) -> dict[str, bool]:
+        groups = store.load_groups(session, "eval", policy_version=version)
+        return {
+            g.task_id: g.attempts[0].correct for g in groups if g.task_id in wanted and g.attempts
+        }
+
+    base, new = solved(base_name), solved(name)
+    common = base.keys() & new.keys()
+    return (
+        sum(new[t] and not base[t] for t in common),
+        sum(base[t] and not new[t] for t in common),
+    )
 
 
 def _round_record(
@@ -222,7 +243,12 @@ def _round_record(
 
 
 async def _run_round(
-    settings: RunSettings, server_url: str, base_model: Path, held_out: list[Task], clock: _Clock
+    settings: RunSettings,
+    server_url: str,
+    base_name: str,
+    base_model: Path,
+    held_out: list[Task],
+    clock: _Clock,
 ) -> RoundSummary:
     logger = get_run_logger()
     engine = _engine(settings.db_url)
@@ -294,6 +320,7 @@ async def _run_round(
     pass_at_1, format_rate = await _evaluate(settings, server_url, held_out, version)
     stages["evaluate"] = clock.add("evaluate", started)
     with store.transaction(engine) as session:
+        gained, lost = _paired(session, base_name, name, held_out)
         store.record_evaluation(session, name, pass_at_1)
         decision = promotion.promote(session, name, settings.gate)
         done = {
@@ -318,6 +345,8 @@ async def _run_round(
             "train_tokens": trained.train_tokens,
             "eval_pass_at_1": pass_at_1,
             "eval_format_rate": format_rate,
+            "eval_gained": gained,
+            "eval_lost": lost,
             "promoted": promoted,
             "wall_seconds": stages,
         }

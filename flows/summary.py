@@ -19,6 +19,8 @@ class RoundSummary(BaseModel):
     train_tokens: int
     eval_pass_at_1: float | None
     eval_format_rate: float | None
+    eval_gained: int | None = None
+    eval_lost: int | None = None
     promoted: bool
     note: str = ""
     wall_seconds: dict[str, float] = Field(default_factory=dict)
@@ -88,20 +90,31 @@ def format_table(summary: RunSummary) -> str:
 
 
 def _verdict(summary: RunSummary) -> str:
-    """Best version against the base, judged against the noise of the held-out evaluation."""
+    """Best version against the base, judged against the noise of the held-out evaluation.
+
+    Both are scored on the same tasks, so the test is paired (McNemar): of the tasks where they
+    differ, the version must win more than it loses by over 2 standard errors. Without the
+    per-task counts it falls back to the unpaired difference of two proportions.
+    """
     scored = [r for r in summary.rounds if r.eval_pass_at_1 is not None]
     if not scored:
         return "no round produced a new version."
-    best = max(r.eval_pass_at_1 or 0.0 for r in scored)
-    base = summary.baseline_pass_at_1
-    p = max(min((best + base) / 2, 1 - 1e-9), 1e-9)
-    noise = 2 * math.sqrt(2 * p * (1 - p) / summary.eval_tasks)
+    best_round = max(scored, key=lambda r: r.eval_pass_at_1 or 0.0)
+    best, base = best_round.eval_pass_at_1 or 0.0, summary.baseline_pass_at_1
     change = f"best held-out pass@1 {best:.3f} vs base {base:.3f}"
-    if best - base > noise:
-        return f"improved: {change}."
-    if base - best > noise:
-        return f"worse: {change}."
-    return f"no clear change: {change}, within noise (2 standard errors: {noise:.3f})."
+    gained, lost = best_round.eval_gained, best_round.eval_lost
+    if gained is not None and lost is not None:
+        margin, noise = gained - lost, 2 * math.sqrt(gained + lost)
+        detail = f"{gained} tasks gained, {lost} lost; 2 standard errors: {noise:.1f} tasks"
+    else:
+        p = max(min((best + base) / 2, 1 - 1e-9), 1e-9)
+        margin, noise = best - base, 2 * math.sqrt(2 * p * (1 - p) / summary.eval_tasks)
+        detail = f"2 standard errors: {noise:.3f}"
+    if margin > noise:
+        return f"improved: {change} ({detail})."
+    if -margin > noise:
+        return f"worse: {change} ({detail})."
+    return f"no clear change: {change}, within noise ({detail})."
 
 
 def _ratio(hits: int, total: int) -> str:

@@ -201,7 +201,8 @@ async def _first_attempt(
     try:
         prompt_ids = await client.tokenize(model, messages)
     except PolicyError as exc:
-        return _failed(index, model, messages, sampling, plan, exc)
+        base = {"sample_index": index, "policy_version": model, "messages": messages}
+        return Attempt.failed(str(exc), **base, sampling=sampling, **plan)
     temperature = settings.strategy.temperature(index, settings.group_size)
     return await strategy_attempt(
         client,
@@ -214,30 +215,6 @@ async def _first_attempt(
         settings.strategy,
         settings.max_tokens,
         plan,
-    )
-
-
-def _failed(
-    index: int,
-    model: str,
-    messages: Messages,
-    sampling: SamplingSettings,
-    plan: dict[str, Any],
-    exc: PolicyError,
-) -> Attempt:
-    return Attempt(
-        sample_index=index,
-        policy_version=model,
-        messages=messages,
-        sampling=sampling,
-        sample=None,
-        reward=0.0,
-        correct=False,
-        format_ok=False,
-        answer=None,
-        reason="policy call failed",
-        error=str(exc),
-        **plan,
     )
 
 
@@ -375,17 +352,7 @@ async def attempt_task(
     try:
         sample = await client.sample(model, messages, sampling)
     except PolicyError as exc:
-        return Attempt(
-            **base,
-            sampling=sampling,
-            sample=None,
-            reward=0.0,
-            correct=False,
-            format_ok=False,
-            answer=None,
-            reason="policy call failed",
-            error=str(exc),
-        )
+        return Attempt.failed(str(exc), **base, sampling=sampling)
     verdict = verify(task, sample.text)
     reason = verdict.reason
     if sample.finish_reason == "length":

@@ -88,17 +88,7 @@ async def strategy_attempt(
         context = strategy.prompt_token_ids + strategy.completion_token_ids + cue
         action = await client.complete_ids(model, context, sampling)
     except PolicyError as exc:
-        return Attempt(
-            **base,
-            sampling=sampling,
-            sample=None,
-            reward=0.0,
-            correct=False,
-            format_ok=False,
-            answer=None,
-            reason="policy call failed",
-            error=str(exc),
-        )
+        return Attempt.failed(str(exc), **base, sampling=sampling)
     sample, pivot, exact = join(prompt_ids, strategy, action, len(cue))
     verdict = verify(task, action.text)
     reason = verdict.reason + ("" if exact else ", strategy not token-exact: answer trained only")

@@ -96,6 +96,13 @@ class Attempt(Record):
     shaping: dict[str, float] | None = None
     strategy: str | None = None
 
+    @classmethod
+    def failed(cls, error: str, **fields: Any) -> Attempt:
+        """An attempt whose policy call failed: recorded with the reason, reward 0."""
+        values = {"sample": None, "reward": 0.0, "correct": False, "format_ok": False}
+        values |= {"answer": None, "reason": "policy call failed", "error": error}
+        return cls(**values | fields)
+
     @field_validator("forced_spans", mode="before")
     @classmethod
     def _no_spans(cls, value: Any) -> Any:

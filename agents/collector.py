@@ -37,7 +37,7 @@ from agents.context import (
 )
 from agents.errors import PolicyError
 from agents.insight import InsightBoard, judge
-from agents.policy import PolicyClient
+from agents.policy import PolicyClient, Reviewer
 from agents.reflection import reflect, wants_retry
 from agents.strategy import StrategySettings, reflection_note, strategy_attempt
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
@@ -81,8 +81,12 @@ async def collect_groups(
     limiter: anyio.CapacityLimiter,
     on_group: Callable[[Group], None],
     skip: Collection[str] = (),
+    reviewer: Reviewer | None = None,
 ) -> list[Group]:
-    """Sample, verify and hand over one group per task not in `skip`; returns the new groups."""
+    """Sample, verify and hand over one group per task not in `skip`; returns the new groups.
+
+    Reflections and judgements come from `reviewer`, by default the policy itself.
+    """
     todo = [task for task in tasks if task.task_id not in skip]
     groups: list[Group] = []
     board = InsightBoard() if settings.insights else None
@@ -97,6 +101,7 @@ async def collect_groups(
             settings=settings,
             limiter=limiter,
             board=board,
+            reviewer=reviewer,
         )
         on_group(group)
         groups.append(group)
@@ -119,8 +124,11 @@ async def collect_group(
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
     board: InsightBoard | None = None,
+    reviewer: Reviewer | None = None,
 ) -> Group:
     bare = bare_messages(task, settings.system_prompt)
+    policy = Reviewer(client, model)
+    reviewer = reviewer or policy
     if board is None:
         size = settings.group_size
         reflect = settings.strategy is not None and settings.strategy.reflect and size > 1
@@ -128,10 +136,10 @@ async def collect_group(
         attempts = await _wave(client, task, model, settings, limiter, range(half), [])
         attempts += await _wave(client, task, model, settings, limiter, range(half, size), attempts)
     else:
-        attempts = await _sequential_attempts(client, task, model, settings, limiter, board)
+        attempts = await _sequential_attempts(policy, reviewer, task, settings, limiter, board)
     attempts = await _with_bare_ids(attempts, client, model, bare)
     if settings.reflect_retry:
-        attempts += await _reflect_and_retry(client, task, attempts, model, settings, limiter)
+        attempts += await _reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     return Group(
         round_index=round_index,
         purpose=purpose,
@@ -219,14 +227,15 @@ async def _first_attempt(
 
 
 async def _sequential_attempts(
-    client: PolicyClient,
+    policy: Reviewer,
+    reviewer: Reviewer,
     task: Task,
-    model: str,
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
     board: InsightBoard,
 ) -> list[Attempt]:
     """RLTLDR: attempts one after another, each failure judged into an insight for the board."""
+    client, model = policy.client, policy.model
     attempts: list[Attempt] = []
     judged: list[Attempt] = []
     for index in range(settings.group_size):
@@ -242,7 +251,7 @@ async def _sequential_attempts(
         if bare_ids is None:
             continue
         async with limiter:
-            insight = await judge(client, model, task.question, attempt, bare_ids)
+            insight = await judge(reviewer, policy, task.question, attempt, bare_ids)
         judged.append(insight)
         if insight.guidance:
             board.add(insight.guidance)
@@ -263,21 +272,22 @@ async def _bare_ids(
 
 
 async def _reflect_and_retry(
-    client: PolicyClient,
+    policy: Reviewer,
+    reviewer: Reviewer,
     task: Task,
     attempts: list[Attempt],
-    model: str,
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
 ) -> list[Attempt]:
     """Reflections and retries for the unguided attempts of a group short of full reward."""
+    client, model = policy.client, policy.model
     failed = [a for a in attempts if not a.guided and a.sample and a.reward < 1 and not a.error]
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
     extras: list[Attempt] = []
 
     async def one(parent: Attempt) -> None:
         async with limiter:
-            reflection_attempt, reflection = await reflect(client, model, task.question, parent)
+            reflection_attempt, reflection = await reflect(reviewer, task.question, parent)
         if not wants_retry(parent, reflection):
             extras.append(reflection_attempt)
             return

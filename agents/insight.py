@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.context import Messages
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import Reviewer
 from memory.records import Attempt, Sample, SamplingSettings
 
 JUDGE_SYSTEM = (
@@ -92,9 +92,17 @@ def parse_judgement(text: str) -> Judgement | str:
 
 
 async def judge(
-    client: PolicyClient, model: str, question: str, attempt: Attempt, bare_prompt: list[int]
+    reviewer: Reviewer,
+    policy: Reviewer,
+    question: str,
+    attempt: Attempt,
+    bare_prompt: list[int],
 ) -> Attempt:
-    """Judge `attempt`; returns an "insight" attempt (with `error` set when the call failed)."""
+    """Judge `attempt`; returns an "insight" attempt (with `error` set when the call failed).
+
+    The insight's ids come from the policy's server: they are trained on the policy.
+    """
+    client, model = reviewer.client, reviewer.model
     messages = judge_messages(question, attempt)
     sampling = SamplingSettings(temperature=0.3, max_tokens=JUDGE_MAX_TOKENS)
     record: dict[str, Any] = {
@@ -116,7 +124,7 @@ async def judge(
         record["generated_tokens"] = len(reply.completion_token_ids)
         if isinstance(parsed, str):
             return Attempt(**record, sample=None, format_ok=False, reason=parsed)
-        ids = await client.tokenize_text(model, parsed.insight)
+        ids = await policy.client.tokenize_text(policy.model, parsed.insight)
     except PolicyError as exc:
         return Attempt(
             **record, sample=None, format_ok=False, reason="judge failed", error=str(exc)

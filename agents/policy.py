@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -20,6 +21,15 @@ from agents.errors import PolicyError
 from memory.records import Sample, SamplingSettings
 
 DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Reviewer:
+    """Who writes reflections and judgements: the policy itself unless another
+    OpenAI-compatible endpoint is configured."""
+
+    client: PolicyClient
+    model: str
 
 
 class PolicyClient:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.context import Messages
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import Reviewer
 from memory.records import Attempt, SamplingSettings
 
 REFLECT_SYSTEM = (
@@ -78,12 +78,10 @@ def parse_reflection(text: str) -> Reflection | str:
 
 
 async def reflect(
-    client: PolicyClient,
-    model: str,
-    question: str,
-    attempt: Attempt,
+    reviewer: Reviewer, question: str, attempt: Attempt
 ) -> tuple[Attempt, Reflection | None]:
     """Reflect on `attempt`; the reflection is returned as an attempt of kind "reflection"."""
+    client, model = reviewer.client, reviewer.model
     messages = reflection_messages(question, attempt)
     sampling = SamplingSettings(temperature=0.3, max_tokens=REFLECT_MAX_TOKENS)
     record = {

@@ -171,6 +171,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for arm, curve in result["arms"].items():
         points = [(i, p) for i, p in enumerate(curve["pass_at_1"]) if p is not None]
         axis.plot(*zip(*points, strict=True), marker="o", label=arm)
+    rounds = max(len(curve["pass_at_1"]) for curve in result["arms"].values())
+    axis.set_xticks(range(rounds))
     axis.set_xlabel("round (0 = base model)")
     axis.set_ylabel("held-out pass@1")
     axis.set_ylim(0, 1)

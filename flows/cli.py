@@ -31,6 +31,8 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--sge": ("sge", int, "1: a strategy first, then the answer (SGE)"),
     "--reflect-retry": ("reflect_retry", int, "1: reflect on failed attempts and retry (R3L)"),
     "--insights": ("insights", int, "1: sequential attempts with judged insights (RLTLDR)"),
+    "--reviewer-url": ("reviewer_url", str, "endpoint for reflections and judgements"),
+    "--reviewer-model": ("reviewer_model", str, "the reviewer endpoint's model name"),
     "--outcome-bonus": ("outcome.bonus", float, "bonus for rarely seen answers (c_hist)"),
     "--repeat-penalty": ("outcome.repeat_penalty", float, "penalty for repeated answers"),
     "--mode": ("train.mode", str, "advantage mode"),

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from agents import outcome
 from agents.collector import CollectSettings, collect_groups
-from agents.policy import PolicyClient
+from agents.policy import PolicyClient, Reviewer
 from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
 from memory import store
@@ -81,6 +81,7 @@ async def collect(
             store.save_group(session, group)
 
     client = PolicyClient(server_url)
+    reviewer = _reviewer(settings)
     try:
         await collect_groups(
             client,
@@ -92,13 +93,22 @@ async def collect(
             limiter=anyio.CapacityLimiter(settings.concurrency),
             on_group=save,
             skip=skip,
+            reviewer=reviewer,
         )
     finally:
         await client.aclose()
+        if reviewer is not None:
+            await reviewer.client.aclose()
     wanted = {t.task_id for t in tasks}
     with store.transaction(engine) as session:
         groups = store.load_groups(session, purpose, round_index, version)
     return [g for g in groups if g.task_id in wanted]
+
+
+def _reviewer(settings: RunSettings) -> Reviewer | None:
+    if settings.reviewer_url is None or settings.reviewer_model is None:
+        return None
+    return Reviewer(PolicyClient(settings.reviewer_url), settings.reviewer_model)
 
 
 @task(cache_policy=NO_CACHE)

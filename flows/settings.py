@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agents.collector import CollectSettings
 from agents.outcome import OutcomeSettings
@@ -38,10 +38,20 @@ class RunSettings(BaseModel):
     strategy: StrategySettings = StrategySettings()
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
+    reviewer_url: str | None = Field(
+        None, description="endpoint for reflections and judgements (default: the policy)"
+    )
+    reviewer_model: str | None = None
     outcome: OutcomeSettings = OutcomeSettings()
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()
+
+    @model_validator(mode="after")
+    def _reviewer_named(self) -> RunSettings:
+        if (self.reviewer_url is None) != (self.reviewer_model is None):
+            raise ValueError("reviewer_url and reviewer_model go together")
+        return self
 
     @property
     def checkpoint_root(self) -> Path:
@@ -87,5 +97,6 @@ def load_run_settings(
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
-        name = (labels or {}).get(where, f"setting {where}")
-        raise ValueError(f"{name}: {error['msg']}") from None
+        name = (labels or {}).get(where) or (f"setting {where}" if where else "settings")
+        message = error["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{name}: {message}") from None

@@ -363,3 +363,44 @@ def test_sge_second_wave_sees_the_first_waves_strategies() -> None:
         assert attempt.context == "strategies" and attempt.kind == "guided"
         assert "worked: Add them." in attempt.messages[-1]["content"]
         assert attempt.bare_prompt_token_ids == [1, 2]
+
+
+def test_a_configured_reviewer_writes_reflections_and_judgements() -> None:
+    from agents.policy import Reviewer
+
+    reviewer_calls: list[dict] = []
+    policy_paths: list[str] = []
+
+    def reviewer_handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        reviewer_calls.append(body)
+        text = json.dumps(JUDGEMENT if "judge" in body["messages"][0]["content"] else REFLECTION)
+        return scripted(body, text, [3])
+
+    def policy_handler(request: httpx.Request) -> httpx.Response:
+        policy_paths.append(request.url.path)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [41]})
+        body = json.loads(request.content)
+        assert "response_format" not in body, "no reflection goes to the policy"
+        return scripted(body, "<answer>999</answer>", [2])
+
+    async def main():
+        return await collect_groups(
+            client_for(policy_handler),
+            [TASK],
+            model="m",
+            round_index=1,
+            purpose="train",
+            settings=CollectSettings(group_size=2, reflect_retry=True, insights=True),
+            limiter=anyio.CapacityLimiter(2),
+            on_group=lambda g: None,
+            reviewer=Reviewer(client_for(reviewer_handler), "judge-model"),
+        )
+
+    (group,) = anyio.run(main)
+    kinds = sorted(a.kind for a in group.attempts)
+    # The second attempt saw the first one's insight (guided): only the first is reflected on.
+    assert kinds.count("reflection") == 1 and kinds.count("insight") == 2
+    assert all(b["model"] == "judge-model" for b in reviewer_calls)
+    assert "/tokenize" in policy_paths, "insight ids come from the policy's tokenizer"

@@ -27,6 +27,7 @@ def test_file_then_overrides(tmp_path: Path) -> None:
         ("[train]\nmode = 'ppo'\n", "setting train.mode: Input should be 'grpo', 'r3l'"),
         ("[train]\nlearning_rat = 1\n", "setting train.learning_rat: Extra inputs"),
         ("rounds = \n", "cannot read config"),
+        ("reviewer_url = 'http://h'\n", "reviewer_url and reviewer_model go together"),
     ],
 )
 def test_bad_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:

@@ -1,9 +1,11 @@
 """Exploration benchmark: tasks solved at an equal budget of generated tokens, per method.
 
 For each method, every task gets groups of attempts until it has used its budget of generated
-tokens (all calls count: strategies, answers, reflections, retries, judges). Reported per
-method: the fraction of tasks with at least one verified success, first-attempt pass@1 (the
-first unguided attempt of each task) and the tokens spent. Real SmolLM2 on the CPU vLLM server.
+tokens (all calls count: strategies, answers, reflections, retries, judges). A task counts as
+solved when a verified success comes before the budget runs out, attempts taken in the order
+they were made, so the last group's overshoot earns nothing. Reported per method: that fraction,
+first-attempt pass@1 (the first unguided attempt of each task) and the tokens spent. Real
+SmolLM2 on the CPU vLLM server.
 
     .venv/bin/python bench/explore.py [--tasks 32] [--budget 768] [--server-url URL] [--json P]
 """
@@ -120,7 +122,7 @@ async def run_method(
                 tg.start_soon(explore, task)
     finally:
         await client.aclose()
-    solved = [any(a.correct for g in gs for a in g.attempts) for gs in groups.values()]
+    solved = [solved_within(gs, args.budget) for gs in groups.values()]
     first = [next((a for a in gs[0].attempts if not a.guided), None) for gs in groups.values()]
     attempts = [a for gs in groups.values() for g in gs for a in g.attempts]
     print(f"[{method}] done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
@@ -132,6 +134,22 @@ async def run_method(
         "errors": sum(a.error is not None for a in attempts),
         "seconds": time.monotonic() - started,
     }
+
+
+def solved_within(groups: list[Group], budget: int) -> bool:
+    """A success before `budget` generated tokens: first attempts by slot, then the extras
+    (reflections, retries, insights) in the order they were made."""
+    spent = 0
+    for group in groups:
+        ordered = sorted(group.first_attempts, key=lambda a: a.sample_index)
+        ordered += [a for a in group.attempts if a.kind not in ("base", "guided")]
+        for attempt in ordered:
+            spent += attempt.generated_tokens
+            if spent > budget:
+                return False
+            if attempt.correct:
+                return True
+    return False
 
 
 def print_table(result: dict[str, Any]) -> None:

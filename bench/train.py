@@ -70,7 +70,8 @@ def measure(args: argparse.Namespace) -> dict:
     model_path = prepare_smollm2(models)
     if args.model == "tiny":
         model_path = prepare_tiny_llama(models, model_path)
-    settings = TrainSettings(epochs=1, batch_size=args.batch_size)
+    # GRPO keeps every row (RLTLDR would subsample them): this measures the trainer, not a filter.
+    settings = TrainSettings(epochs=1, batch_size=args.batch_size, mode="grpo")
     groups = synthetic_groups(args)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
         if args.variant == "ours":

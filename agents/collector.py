@@ -34,6 +34,7 @@ from agents.context import (
     demo_text,
     hint_messages,
     insight_messages,
+    strategies_messages,
 )
 from agents.errors import PolicyError
 from agents.insight import InsightBoard, judge
@@ -199,7 +200,7 @@ async def _first_attempt(
         plan = {"kind": "guided", "context": "insights", "guidance": "\n".join(insights)}
     elif tried:
         note = reflection_note(tried)
-        messages = [*bare_messages(task, settings.system_prompt), {"role": "user", "content": note}]
+        messages = strategies_messages(task, settings.system_prompt, note)
         plan = {"kind": "guided", "context": "strategies", "guidance": note}
     else:
         messages = bare_messages(task, settings.system_prompt)

@@ -7,15 +7,15 @@ which guidance was in the prompt and evaluation can leave guided attempts out.
 - demo: one worked example of the task set as an earlier user/assistant turn.
 - hint: guidance appended to the system prompt (a reflection's principle, R3L's pivot 0).
 - insights: the task, then each insight as its own user message (RLTLDR).
+- strategies: the task, then earlier strategies for it with their outcomes (SGE's reflection).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from verifiers.task import Task
 
-Variant = Literal["bare", "demo", "hint", "insights"]
 Messages = list[dict[str, Any]]
 
 
@@ -46,6 +46,10 @@ def hint_messages(task: Task, system_prompt: str, hint: str) -> Messages:
 def insight_messages(task: Task, system_prompt: str, insights: list[str]) -> Messages:
     notes = [{"role": "user", "content": f"Insight: {insight}"} for insight in insights]
     return bare_messages(task, system_prompt) + notes
+
+
+def strategies_messages(task: Task, system_prompt: str, note: str) -> Messages:
+    return [*bare_messages(task, system_prompt), {"role": "user", "content": note}]
 
 
 def demo_text(example: tuple[str, str]) -> str:

@@ -154,6 +154,15 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(status)
     status.set_defaults(handler=_status)
 
+    report = commands.add_parser(
+        "report", help="an HTML page of plots from the store, and its table on stdout"
+    )
+    _db_arguments(report)
+    report.add_argument(
+        "--out", type=Path, default=None, help="HTML file (default WORKDIR/report.html)"
+    )
+    report.set_defaults(handler=_report_html)
+
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
     prepare.add_argument("--model", default="smollm2", choices=MODELS)
     prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
@@ -293,6 +302,19 @@ def _status(args: argparse.Namespace) -> int:
             f"   {r.round_index:<3} {r.status:<8} {r.policy_in} -> {r.policy_out or '-'}"
             f"  train tokens {tokens}"
         )
+    return 0
+
+
+def _report_html(args: argparse.Namespace) -> int:
+    from flows import report
+    from memory import store
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        data = report.build(session)
+    out = args.out or args.workdir / "report.html"
+    report.write_html(data, out)
+    print(report.format_table(data))
+    print(f"report written to {out}")
     return 0
 
 

@@ -150,6 +150,17 @@ def add_outcomes(session: Session, task_id: str, answer_keys: list[str]) -> None
     session.flush()
 
 
+def attempt_time_span(session: Session, purpose: GroupPurpose, round_index: int) -> float:
+    """Seconds between the first and the last stored attempt of a round's groups."""
+    query = (
+        select(func.min(AttemptRow.created_at), func.max(AttemptRow.created_at))
+        .join(RolloutGroupRow, AttemptRow.group_id == RolloutGroupRow.id)
+        .where(RolloutGroupRow.purpose == purpose, RolloutGroupRow.round_index == round_index)
+    )
+    first, last = session.execute(query).one()
+    return (last - first).total_seconds() if first and last else 0.0
+
+
 def record_feedback(session: Session, task_id: str, score: float, reason: str) -> None:
     """Attach a score (user feedback or a later verifier) to a captured trajectory."""
     group = session.scalars(

@@ -14,7 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["run"], ["prepare-model"], ["serve-model"], ["gateway"], ["promote"], ["rollback"]],
+    [
+        [],
+        ["run"],
+        ["prepare-model"],
+        ["serve-model"],
+        ["gateway"],
+        ["promote"],
+        ["rollback"],
+        ["report"],
+    ],
 )
 def test_help(command: list[str]) -> None:
     result = subprocess.run(

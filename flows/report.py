@@ -1,0 +1,207 @@
+"""`flywheel report`: what the store says about the flywheel, as a table and an HTML page.
+
+Drawn from the store alone: held-out pass@1 per version, the success rate of first attempts per
+context (bare, worked example, insights, strategies) per round, generated and trained tokens per
+round, and time per stage (collection as the span of a round's stored attempts, training from
+the round's record). Plots are PNGs inside the one HTML file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.orm import Session
+
+from memory import store
+
+
+class RoundRow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    round_index: int
+    method: str
+    status: str
+    policy_out: str | None
+    eval_pass_at_1: float | None
+    success_by_context: dict[str, float]
+    attempts_by_context: dict[str, int]
+    generated_tokens: int
+    train_tokens: int
+    collect_seconds: float
+    train_seconds: float
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    versions: list[tuple[str, int, float | None, bool]]
+    rounds: list[RoundRow]
+
+
+def build(session: Session) -> Report:
+    versions = [
+        (v.name, v.round_index, v.eval_pass_at_1, v.promoted)
+        for v in store.policy_versions(session)
+    ]
+    rounds = [_round_row(session, r) for r in store.training_rounds(session, last=1000)]
+    return Report(versions=versions, rounds=rounds)
+
+
+def _round_row(session: Session, record: Any) -> RoundRow:
+    groups = store.load_groups(session, "train", round_index=record.round_index)
+    hits: dict[str, list[bool]] = defaultdict(list)
+    for group in groups:
+        for attempt in group.first_attempts:
+            hits[attempt.context].append(attempt.correct)
+    span = store.attempt_time_span(session, "train", record.round_index)
+    return RoundRow(
+        round_index=record.round_index,
+        method=record.method,
+        status=record.status,
+        policy_out=record.policy_out,
+        eval_pass_at_1=record.metrics.get("eval_pass_at_1"),
+        success_by_context={k: sum(v) / len(v) for k, v in sorted(hits.items())},
+        attempts_by_context={k: len(v) for k, v in sorted(hits.items())},
+        generated_tokens=sum(a.generated_tokens for g in groups for a in g.attempts),
+        train_tokens=int(record.metrics.get("train_tokens", 0)),
+        collect_seconds=span,
+        train_seconds=float(record.metrics.get("seconds", 0.0)),
+    )
+
+
+def format_table(report: Report) -> str:
+    contexts = sorted({c for r in report.rounds for c in r.success_by_context})
+    header = ["round", "mode", "version", "pass@1", *[f"ok:{c}" for c in contexts]]
+    header += ["gen tok", "train tok", "collect s", "train s"]
+    rows = [header]
+    for r in report.rounds:
+        rows.append(
+            [
+                str(r.round_index),
+                r.method,
+                r.policy_out or "-",
+                "-" if r.eval_pass_at_1 is None else f"{r.eval_pass_at_1:.3f}",
+                *[_rate(r, c) for c in contexts],
+                str(r.generated_tokens),
+                str(r.train_tokens),
+                f"{r.collect_seconds:.0f}",
+                f"{r.train_seconds:.0f}",
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if not report.rounds:
+        lines.append("(no rounds yet: run `flywheel run`)")
+    lines.append("ok:<context> = success rate of first attempts sampled under that context")
+    return "\n".join(lines)
+
+
+def write_html(report: Report, path: Path) -> None:
+    figures = [_versions_plot(report), _context_plot(report), _cost_plot(report)]
+    body = "\n".join(f'<img alt="plot" src="data:image/png;base64,{f}">' for f in figures if f)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Flywheel report</title>
+<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}img{{max-width:100%}}
+pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head>
+<body><h1>Flywheel report</h1>
+<pre>{html.escape(format_table(report))}</pre>
+{body}
+<p>The experience library is not part of the store yet, so no library plots.</p>
+</body></html>
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)
+
+
+def _rate(row: RoundRow, context: str) -> str:
+    rate = row.success_by_context.get(context)
+    return "-" if rate is None else f"{rate:.2f}"
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=100)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _versions_plot(report: Report) -> str | None:
+    scored = [(name, score) for name, _, score, _ in report.versions if score is not None]
+    if not scored:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(8, 3.5))
+    axis.bar(range(len(scored)), [s for _, s in scored], color="#4c72b0")
+    axis.set_xticks(range(len(scored)), [n for n, _ in scored], rotation=30, ha="right")
+    axis.set_ylabel("held-out pass@1")
+    axis.set_title("held-out pass@1 per version")
+    axis.set_ylim(0, 1)
+    png = _png(figure)
+    plt.close(figure)
+    return png
+
+
+def _context_plot(report: Report) -> str | None:
+    contexts = sorted({c for r in report.rounds for c in r.success_by_context})
+    if not contexts:
+        return None
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(8, 3.5))
+    for context in contexts:
+        points = [
+            (r.round_index, r.success_by_context[context])
+            for r in report.rounds
+            if context in r.success_by_context
+        ]
+        axis.plot(*zip(*points, strict=True), marker="o", label=context)
+    axis.set_xticks([r.round_index for r in report.rounds])
+    axis.set_xlabel("round")
+    axis.set_ylabel("success rate")
+    axis.set_title("first-attempt success rate per context")
+    axis.set_ylim(0, 1)
+    axis.legend()
+    png = _png(figure)
+    plt.close(figure)
+    return png
+
+
+def _cost_plot(report: Report) -> str | None:
+    if not report.rounds:
+        return None
+    plt = _pyplot()
+    figure, (tokens, seconds) = plt.subplots(1, 2, figsize=(10, 3.5))
+    index = [r.round_index for r in report.rounds]
+    tokens.bar(index, [r.generated_tokens for r in report.rounds], label="generated")
+    tokens.bar(index, [r.train_tokens for r in report.rounds], label="trained", alpha=0.7)
+    tokens.set_xticks(index)
+    seconds.set_xticks(index)
+    tokens.set_title("tokens per round")
+    tokens.legend()
+    seconds.bar(index, [r.collect_seconds for r in report.rounds], label="collect")
+    seconds.bar(
+        index,
+        [r.train_seconds for r in report.rounds],
+        bottom=[r.collect_seconds for r in report.rounds],
+        label="train",
+    )
+    seconds.set_title("seconds per stage")
+    seconds.legend()
+    png = _png(figure)
+    plt.close(figure)
+    return png

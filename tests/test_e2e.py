@@ -18,11 +18,11 @@ from agents.policy import PolicyClient
 from flows.cli import main
 from memory import store
 from serving.adapters import ensure_loaded, load_adapter, loaded_models
-from tests.conftest import free_port
+from tests.conftest import free_port, make_group
 from trainer import checkpoint
 from trainer.round import train_round
 from trainer.settings import TrainSettings
-from verifiers.reasoning import eval_tasks
+from verifiers.reasoning import eval_tasks, train_tasks
 
 pytestmark = pytest.mark.vllm
 
@@ -261,3 +261,58 @@ def test_sge_insights_and_outcome_shaping_through_the_cli(
         # A random model fails: every attempt is judged, valid judgement or not.
         judged = [a for a in group.attempts if a.kind == "insight"]
         assert len(judged) == 2 and all(a.reason for a in judged)
+
+
+def test_a_run_killed_while_training_resumes_the_round(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Kill -9 `flywheel run` once the trainer has saved, start it again: the round finishes
+    on the same groups, under the same name, from the save, and nothing is stored twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "run.toml"
+    config.write_text("[train]\nmode = 'grpo'\nepochs = 25\nbatch_size = 2\nsave_steps = 5\n")
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    # A random model earns no reward: store round 1's groups with a reward spread beforehand,
+    # as if collected; the run finds them stored and goes on to train.
+    engine = store.open_store(db)
+    tasks = train_tasks("arithmetic", 4, seed=1, held_out=eval_tasks("arithmetic", 2))
+    with store.transaction(engine) as session:
+        for task in tasks:
+            group = make_group([1.0, 0.0, 0.0, 1.0], task_id=task.task_id, completion_len=8)
+            update = {"policy_version": tiny_model_path.name, "question": task.question}
+            store.save_group(session, group.model_copy(update=update))
+    command = [
+        sys.executable, "-m", "flows.cli", "run", "--config", str(config), "--db", db,
+        "--workdir", str(tmp_path), "--model", str(tiny_model_path), "--server-url", tiny_server,
+        "--rounds", "1", "--tasks", "4", "--group-size", "4", "--eval-tasks", "2",
+    ]  # fmt: skip
+    first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob("adapters/.rounds/*/checkpoint-*")):
+        assert first.poll() is None, "the run ended before the trainer saved"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    with store.transaction(engine) as session:
+        killed = store.training_round(session, 1)
+        attempts_before = store.attempt_counts(session)
+    assert killed is not None and killed.status == "running" and killed.group_ids
+
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with store.transaction(engine) as session:
+        finished = store.training_round(session, 1)
+        attempts_after = store.attempt_counts(session)
+        groups = store.load_groups(session, "train", round_index=1)
+    assert finished is not None and finished.status == "done"
+    assert finished.policy_out == killed.policy_out and finished.group_ids == killed.group_ids
+    assert finished.metrics["resumed_from_step"] >= 5
+    assert attempts_after["train"] == attempts_before["train"] == 16
+    assert all(len(g.first_attempts) == 4 for g in groups)
+    assert checkpoint.is_complete(tmp_path / "adapters" / str(finished.policy_out))

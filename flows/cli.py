@@ -299,8 +299,8 @@ def _status(args: argparse.Namespace) -> int:
     for r in rounds:
         tokens = r.metrics.get("train_tokens", "-")
         print(
-            f"   {r.round_index:<3} {r.status:<8} {r.policy_in} -> {r.policy_out or '-'}"
-            f"  train tokens {tokens}"
+            f"   {r.round_index:<3} {r.status:<8} {r.method:<7} {r.policy_in} -> "
+            f"{r.policy_out or '-'}  train tokens {tokens}"
         )
     return 0
 

@@ -130,4 +130,4 @@ def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) 
     out = capsys.readouterr().out
     assert "serving: base (held-out pass@1 0.250)" in out
     assert "attempts stored: train 3" in out
-    assert "1   done     base -> p1  train tokens 42" in out
+    assert "1   done     grpo    base -> p1  train tokens 42" in out

@@ -33,7 +33,7 @@ from flows.summary import RoundSummary, RunSummary
 from memory import store
 from memory.records import Group, GroupPurpose, PolicyVersion, TrainingRound
 from serving import promotion
-from serving.adapters import ensure_loaded, load_adapter
+from serving.adapters import ensure_loaded
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
 from verifiers.reasoning import eval_tasks, train_tasks
@@ -128,7 +128,8 @@ def train(
 
 @task(cache_policy=NO_CACHE)
 def swap(server_url: str, name: str, adapter_path: str) -> None:
-    load_adapter(server_url, name, Path(adapter_path))
+    """Serve the new version; a no-op when a resumed round finds it already served."""
+    ensure_loaded(server_url, name, Path(adapter_path))
 
 
 def _pass_at_1(groups: list[Group]) -> tuple[float, float]:

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
 from memory.records import Group
@@ -112,6 +113,8 @@ def train_round(
         peft_config=None if parent_adapter else lora_config(settings),
         is_cap=settings.is_cap,
     )
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(_Progress())
     before = _lora_snapshot(trainer.model)
     if resume is not None:
         log.info("resuming round %s from %s", name, resume.name)
@@ -148,6 +151,15 @@ def _result(
         resumed_from_step=resumed_from_step,
         contexts=context_counts(rows),
     )
+
+
+class _Progress(TrainerCallback):
+    """One log line about every tenth of the round, instead of a dict per step on stdout."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        every = max(1, state.max_steps // 10)
+        if logs and "loss" in logs and (state.global_step % every == 0):
+            log.info("train step %d/%d loss %.4f", state.global_step, state.max_steps, logs["loss"])
 
 
 def _last_save(work: Path) -> Path | None:

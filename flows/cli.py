@@ -154,6 +154,13 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(status)
     status.set_defaults(handler=_status)
 
+    lineage = commands.add_parser(
+        "lineage", help="the rounds, groups and parents that produced a version"
+    )
+    lineage.add_argument("version")
+    _db_arguments(lineage)
+    lineage.set_defaults(handler=_lineage)
+
     report = commands.add_parser(
         "report", help="an HTML page of plots from the store, and its table on stdout"
     )
@@ -302,6 +309,28 @@ def _status(args: argparse.Namespace) -> int:
             f"   {r.round_index:<3} {r.status:<8} {r.method:<7} {r.policy_in} -> "
             f"{r.policy_out or '-'}  train tokens {tokens}"
         )
+    return 0
+
+
+def _lineage(args: argparse.Namespace) -> int:
+    from memory import store
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        chain = store.lineage(session, args.version)
+        versions = {v.name: v for v in store.policy_versions(session)}
+    if not chain:
+        print(f"{args.version}: not produced by a training round (a base model)")
+        return 0
+    for r in chain:
+        contexts = ", ".join(f"{k} {v}" for k, v in sorted(r.metrics.get("contexts", {}).items()))
+        version = versions.get(r.policy_out or "")
+        print(
+            f"{r.policy_out}  <- round {r.round_index} ({r.method}, {r.status}) on "
+            f"{len(r.group_ids)} groups sampled from {r.policy_in}; "
+            f"held-out pass@1 {_score(version.eval_pass_at_1 if version else None)}; "
+            f"rows by context: {contexts or '-'}"
+        )
+    print(f"{chain[-1].policy_in}  (base)")
     return 0
 
 

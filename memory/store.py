@@ -225,6 +225,22 @@ def training_round(session: Session, round_index: int) -> TrainingRound | None:
     return None if row is None else TrainingRound.model_validate(row)
 
 
+def lineage(session: Session, name: str) -> list[TrainingRound]:
+    """The rounds that produced `name`, newest first, back to the base model: each round's
+    record names its parent version and (its data cursor) the groups it trained on."""
+    _policy_row(session, name)
+    chain: list[TrainingRound] = []
+    seen: set[str] = set()
+    while name not in seen:
+        seen.add(name)
+        row = session.scalars(select(TrainingRoundRow).filter_by(policy_out=name)).first()
+        if row is None:
+            break
+        chain.append(TrainingRound.model_validate(row))
+        name = row.policy_in
+    return chain
+
+
 def next_round_index(session: Session) -> int:
     """One past the last finished round, so an interrupted round is resumed, not skipped."""
     finished = TrainingRoundRow.status.in_(("done", "skipped", "failed"))

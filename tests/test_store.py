@@ -102,3 +102,29 @@ def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
         store.save_group(session, make_group([1.0, 0.0], task_id="c"))
     again, regrouped = _round_record(settings, 1, base, [])
     assert again.policy_out == first.policy_out and regrouped == groups
+
+
+def test_lineage_walks_the_rounds_back_to_the_base(db_url: str) -> None:
+    engine = store.open_store(db_url)
+    with store.transaction(engine) as session:
+        for name in ("base", "p1", "p2"):
+            store.save_policy_version(session, PolicyVersion(name=name, base_model="base"))
+        for index, (parent, child) in enumerate([("base", "p1"), ("p1", "p2")], start=1):
+            store.save_training_round(
+                session,
+                TrainingRound(
+                    round_index=index,
+                    method="grpo",
+                    policy_in=parent,
+                    policy_out=child,
+                    status="done",
+                    group_ids=[index * 10, index * 10 + 1],
+                ),
+            )
+    with store.transaction(engine) as session:
+        chain = store.lineage(session, "p2")
+        assert [(r.policy_in, r.policy_out) for r in chain] == [("p1", "p2"), ("base", "p1")]
+        assert chain[0].group_ids == [20, 21]
+        assert store.lineage(session, "base") == []
+        with pytest.raises(StoreError, match="unknown policy version"):
+            store.lineage(session, "nope")

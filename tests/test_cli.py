@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ["promote"],
         ["rollback"],
         ["report"],
+        ["lineage"],
+        ["status"],
     ],
 )
 def test_help(command: list[str]) -> None:

@@ -248,7 +248,8 @@ async def _sequential_attempts(
         attempts.append(attempt)
         if attempt.sample is None or attempt.reward >= 1:
             continue
-        bare_ids = await _bare_ids(attempts, client, model, task, settings)
+        bare = bare_messages(task, settings.system_prompt)
+        bare_ids = await _bare_ids(attempts, client, model, bare)
         if bare_ids is None:
             continue
         async with limiter:
@@ -260,15 +261,16 @@ async def _sequential_attempts(
 
 
 async def _bare_ids(
-    attempts: list[Attempt], client: PolicyClient, model: str, task: Task, settings: CollectSettings
+    attempts: list[Attempt], client: PolicyClient, model: str, bare: Messages
 ) -> list[int] | None:
+    """The bare prompt's ids: from an unguided sample, else /tokenize; None if that fails."""
     ids = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
     if ids is not None:
         return ids
     try:
-        return await client.tokenize(model, bare_messages(task, settings.system_prompt))
+        return await client.tokenize(model, bare)
     except PolicyError as exc:
-        log.warning("no bare prompt ids: %s", exc)
+        log.warning("no bare prompt ids; guided attempts will not be distilled: %s", exc)
         return None
 
 
@@ -325,16 +327,12 @@ async def _reflect_and_retry(
 async def _with_bare_ids(
     attempts: list[Attempt], client: PolicyClient, model: str, bare: Messages
 ) -> list[Attempt]:
-    """Give guided attempts the bare prompt's ids: from an unguided sample, else /tokenize."""
-    if not any(a.guided and a.bare_prompt_token_ids is None for a in attempts):
+    """Give guided attempts the bare prompt's ids, so training can distil them."""
+    if not any(a.guided for a in attempts):
         return attempts
-    ids = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
+    ids = await _bare_ids(attempts, client, model, bare)
     if ids is None:
-        try:
-            ids = await client.tokenize(model, bare)
-        except PolicyError as exc:
-            log.warning("no bare prompt ids; guided attempts will not be distilled: %s", exc)
-            return attempts
+        return attempts
     return [
         a.model_copy(update={"bare_prompt_token_ids": ids}) if a.guided else a for a in attempts
     ]

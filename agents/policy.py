@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ class PolicyClient:
     ) -> None:
         self._root = base_url.rstrip("/")
         self._http = http_client or httpx.AsyncClient(timeout=timeout_s)
+        self._tokenized: dict[str, list[int]] = {}
         self._client = AsyncOpenAI(
             base_url=f"{self._root}/v1",
             api_key=api_key,
@@ -64,10 +66,15 @@ class PolicyClient:
         return await self._tokenize({"prompt": text, "add_special_tokens": False}, model)
 
     async def _tokenize(self, body: dict[str, Any], model: str) -> list[int]:
+        """Tokenisation is deterministic per model: each distinct request goes out once."""
+        key = json.dumps({"model": model, **body}, sort_keys=True)
+        if key not in self._tokenized:
+            self._tokenized[key] = await self._post_tokenize({"model": model, **body})
+        return list(self._tokenized[key])
+
+    async def _post_tokenize(self, body: dict[str, Any]) -> list[int]:
         try:
-            response = await self._http.post(
-                f"{self._root}/tokenize", json={"model": model, **body}
-            )
+            response = await self._http.post(f"{self._root}/tokenize", json=body)
             response.raise_for_status()
             return list(response.json()["tokens"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:

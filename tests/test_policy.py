@@ -136,3 +136,21 @@ def test_stored_tasks_are_skipped() -> None:
 
     groups = anyio.run(main)
     assert [g.task_id for g in groups] == [tasks[1].task_id]
+
+
+def test_each_distinct_tokenize_request_goes_out_once() -> None:
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"tokens": [len(seen)]})
+
+    async def main():
+        client = client_for(handler)
+        first = await client.tokenize_text("m", "Answer:")
+        again = await client.tokenize_text("m", "Answer:")
+        other = await client.tokenize_text("m", "Strategy:")
+        return first, again, other
+
+    assert anyio.run(main) == ([1], [1], [2])
+    assert len(seen) == 2

@@ -13,15 +13,14 @@
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import Reviewer
+from agents.reflection import parse_reply, review_messages
 from memory.records import Attempt, Sample, SamplingSettings
 
 JUDGE_SYSTEM = (
@@ -72,25 +71,6 @@ class InsightBoard:
         return list(self.insights) if struggling else []
 
 
-def judge_messages(question: str, attempt: Attempt) -> Messages:
-    text = attempt.sample.text if attempt.sample else ""
-    feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
-    return [
-        {"role": "system", "content": JUDGE_SYSTEM},
-        {"role": "user", "content": f"Task: {question}\n\nAttempt: {text}\n\n{feedback}"},
-    ]
-
-
-def parse_judgement(text: str) -> Judgement | str:
-    try:
-        return Judgement.model_validate(json.loads(text))
-    except json.JSONDecodeError as exc:
-        return f"not JSON: {exc.msg}"
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        return f"invalid judgement: {'.'.join(map(str, error['loc']))}: {error['msg']}"
-
-
 async def judge(
     reviewer: Reviewer,
     policy: Reviewer,
@@ -103,7 +83,7 @@ async def judge(
     The insight's ids come from the policy's server: they are trained on the policy.
     """
     client, model = reviewer.client, reviewer.model
-    messages = judge_messages(question, attempt)
+    messages = review_messages(JUDGE_SYSTEM, question, attempt)
     sampling = SamplingSettings(temperature=0.3, max_tokens=JUDGE_MAX_TOKENS)
     record: dict[str, Any] = {
         "sample_index": attempt.sample_index,
@@ -120,7 +100,7 @@ async def judge(
     }
     try:
         reply = await client.sample(model, messages, sampling, response_format=JUDGE_FORMAT)
-        parsed = parse_judgement(reply.text)
+        parsed = parse_reply(Judgement, reply.text, "judgement")
         record["generated_tokens"] = len(reply.completion_token_ids)
         if isinstance(parsed, str):
             return Attempt(**record, sample=None, format_ok=False, reason=parsed)

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,6 +34,7 @@ REFLECT_SYSTEM = (
     "whole answer)."
 )
 REFLECT_MAX_TOKENS = 200
+Reply = TypeVar("Reply", bound=BaseModel)
 FULL_REWARD = 1.0
 
 
@@ -57,24 +58,30 @@ def reflection_format(attempt: Attempt) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "reflection", "schema": schema}}
 
 
-def reflection_messages(question: str, attempt: Attempt) -> Messages:
+def review_messages(system: str, question: str, attempt: Attempt) -> Messages:
+    """A reviewer's prompt (reflection or judgement): the task, the attempt and the verifier's
+    verdict, never the reference answer."""
     text = attempt.sample.text if attempt.sample else ""
     feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
     return [
-        {"role": "system", "content": REFLECT_SYSTEM},
+        {"role": "system", "content": system},
         {"role": "user", "content": f"Task: {question}\n\nAttempt: {text}\n\n{feedback}"},
     ]
 
 
-def parse_reflection(text: str) -> Reflection | str:
-    """The reflection, or a one-line reason it is invalid."""
+def parse_reply(record: type[Reply], text: str, what: str) -> Reply | str:
+    """A reviewer's JSON reply as `record`, or a one-line reason it is invalid."""
     try:
-        return Reflection.model_validate(json.loads(text))
+        return record.model_validate(json.loads(text))
     except json.JSONDecodeError as exc:
         return f"not JSON: {exc.msg}"
     except ValidationError as exc:
         error = exc.errors()[0]
-        return f"invalid reflection: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+        return f"invalid {what}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+
+
+def parse_reflection(text: str) -> Reflection | str:
+    return parse_reply(Reflection, text, "reflection")
 
 
 async def reflect(
@@ -82,7 +89,7 @@ async def reflect(
 ) -> tuple[Attempt, Reflection | None]:
     """Reflect on `attempt`; the reflection is returned as an attempt of kind "reflection"."""
     client, model = reviewer.client, reviewer.model
-    messages = reflection_messages(question, attempt)
+    messages = review_messages(REFLECT_SYSTEM, question, attempt)
     sampling = SamplingSettings(temperature=0.3, max_tokens=REFLECT_MAX_TOKENS)
     record = {
         "sample_index": attempt.sample_index,

@@ -25,13 +25,13 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from smollm2_server import smollm2_server  # noqa: E402
+
 from agents.collector import CollectSettings, collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
 from memory.records import Group  # noqa: E402
-from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
@@ -60,23 +60,8 @@ def main() -> None:
     if unknown := set(methods) - set(METHODS):
         parser.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     tasks = train_tasks(args.taskset, args.tasks, seed=7, held_out=[])
-    model = prepare_smollm2(ROOT / ".flywheel" / "models")
-    if args.server_url:
-        results = {
-            m: anyio.run(run_method, m, tasks, args, args.server_url, model.name) for m in methods
-        }
-    else:
-        settings = ServerSettings(
-            python=ROOT / ".venv-serving" / "bin" / "python",
-            model_path=model,
-            served_name=model.name,
-            port=args.port,
-            log_path=ROOT / ".flywheel" / "logs" / "vllm-explore.log",
-        )
-        with VllmServer(settings) as server:
-            results = {
-                m: anyio.run(run_method, m, tasks, args, server.url, model.name) for m in methods
-            }
+    with smollm2_server(args.server_url, args.port, "vllm-explore.log") as (url, model):
+        results = {m: anyio.run(run_method, m, tasks, args, url, model.name) for m in methods}
     result = {"settings": {k: str(v) for k, v in vars(args).items()}, "methods": results}
     if "plain" in results:
         base = results["plain"]["solved"]

@@ -30,8 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
+from smollm2_server import smollm2_server  # noqa: E402
 
 ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"train": {"mode": "grpo"}},
@@ -57,19 +56,8 @@ def main() -> None:
     unknown = set(arms) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
-    model = prepare_smollm2(ROOT / ".flywheel" / "models")
-    if args.server_url:
-        curves = {arm: run_arm(arm, args, args.server_url, model) for arm in arms}
-    else:
-        settings = ServerSettings(
-            python=ROOT / ".venv-serving" / "bin" / "python",
-            model_path=model,
-            served_name=model.name,
-            port=args.port,
-            log_path=ROOT / ".flywheel" / "logs" / "vllm-learn.log",
-        )
-        with VllmServer(settings) as server:
-            curves = {arm: run_arm(arm, args, server.url, model) for arm in arms}
+    with smollm2_server(args.server_url, args.port, "vllm-learn.log") as (url, model):
+        curves = {arm: run_arm(arm, args, url, model) for arm in arms}
     result = {"settings": {k: str(v) for k, v in vars(args).items()}, "arms": curves}
     print_table(result)
     if args.json:

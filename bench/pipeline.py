@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
+from smollm2_server import smollm2_server  # noqa: E402
+
 from agents.collector import CollectSettings  # noqa: E402
 from agents.context import bare_messages  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
 from memory.records import SamplingSettings  # noqa: E402
-from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
 
 
@@ -47,19 +47,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8041)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    model = prepare_smollm2(ROOT / ".flywheel" / "models")
-    if args.server_url:
-        result = measure(args, args.server_url, model.name)
-    else:
-        settings = ServerSettings(
-            python=ROOT / ".venv-serving" / "bin" / "python",
-            model_path=model,
-            served_name=model.name,
-            port=args.port,
-            log_path=ROOT / ".flywheel" / "logs" / "vllm-pipeline.log",
-        )
-        with VllmServer(settings) as server:
-            result = measure(args, server.url, model.name)
+    with smollm2_server(args.server_url, args.port, "vllm-pipeline.log") as (url, model):
+        result = measure(args, url, model.name)
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -8,6 +8,7 @@ import anyio
 import httpx
 
 from agents.collector import CollectSettings, collect_groups
+from agents.policy import Reviewer
 from agents.reflection import parse_reflection
 from memory.records import Group, Sample
 from tests.test_advantages import with_attempts
@@ -26,10 +27,16 @@ REFLECTION = {
 }
 
 
-def run(handler: Callable[[dict], httpx.Response], settings: CollectSettings) -> Group:
+def collect_task(
+    handler: Callable[[httpx.Request], httpx.Response],
+    settings: CollectSettings,
+    reviewer: Reviewer | None = None,
+) -> Group:
+    """The one group of TASK, collected from a scripted server."""
+
     async def main():
         return await collect_groups(
-            client_for(lambda request: handler(json.loads(request.content))),
+            client_for(handler),
             [TASK],
             model="m",
             round_index=1,
@@ -37,10 +44,15 @@ def run(handler: Callable[[dict], httpx.Response], settings: CollectSettings) ->
             settings=settings,
             limiter=anyio.CapacityLimiter(2),
             on_group=lambda g: None,
+            reviewer=reviewer,
         )
 
     (group,) = anyio.run(main)
     return group
+
+
+def run(handler: Callable[[dict], httpx.Response], settings: CollectSettings) -> Group:
+    return collect_task(lambda request: handler(json.loads(request.content)), settings)
 
 
 def scripted(body: dict, text: str, prompt_ids: list[int]) -> httpx.Response:
@@ -73,19 +85,7 @@ def test_an_all_guided_group_gets_bare_ids_from_tokenize() -> None:
             return httpx.Response(200, json={"tokens": [1, 2], "count": 2})
         return scripted({}, "<answer>0</answer>", [9, 9, 9, 9])
 
-    async def main():
-        return await collect_groups(
-            client_for(handler),
-            [TASK],
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=CollectSettings(group_size=2, guided_fraction=1.0),
-            limiter=anyio.CapacityLimiter(2),
-            on_group=lambda g: None,
-        )
-
-    (group,) = anyio.run(main)
+    group = collect_task(handler, CollectSettings(group_size=2, guided_fraction=1.0))
     assert all(a.bare_prompt_token_ids == [1, 2] for a in group.attempts)
     assert len(seen) == 1 and len(seen[0]["messages"]) == 2
 
@@ -177,20 +177,7 @@ def judging_server(judge_text: str, seen: list[dict]) -> Callable[[httpx.Request
 
 
 def run_insights(handler, group_size: int) -> Group:
-    async def main():
-        return await collect_groups(
-            client_for(handler),
-            [TASK],
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=CollectSettings(group_size=group_size, insights=True),
-            limiter=anyio.CapacityLimiter(2),
-            on_group=lambda g: None,
-        )
-
-    (group,) = anyio.run(main)
-    return group
+    return collect_task(handler, CollectSettings(group_size=group_size, insights=True))
 
 
 def test_insights_condition_later_attempts_while_the_batch_struggles() -> None:
@@ -286,21 +273,7 @@ def run_sge(handler, group_size: int = 1, reflect: bool = False) -> Group:
     settings = CollectSettings(
         group_size=group_size, strategy=StrategySettings(reflect=reflect), max_tokens=8
     )
-
-    async def main():
-        return await collect_groups(
-            client_for(handler),
-            [TASK],
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=settings,
-            limiter=anyio.CapacityLimiter(2),
-            on_group=lambda g: None,
-        )
-
-    (group,) = anyio.run(main)
-    return group
+    return collect_task(handler, settings)
 
 
 def test_sge_trains_strategy_and_answer_tokens_but_not_the_forced_ones() -> None:
@@ -366,8 +339,6 @@ def test_sge_second_wave_sees_the_first_waves_strategies() -> None:
 
 
 def test_a_configured_reviewer_writes_reflections_and_judgements() -> None:
-    from agents.policy import Reviewer
-
     reviewer_calls: list[dict] = []
     policy_paths: list[str] = []
 
@@ -385,20 +356,11 @@ def test_a_configured_reviewer_writes_reflections_and_judgements() -> None:
         assert "response_format" not in body, "no reflection goes to the policy"
         return scripted(body, "<answer>999</answer>", [2])
 
-    async def main():
-        return await collect_groups(
-            client_for(policy_handler),
-            [TASK],
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=CollectSettings(group_size=2, reflect_retry=True, insights=True),
-            limiter=anyio.CapacityLimiter(2),
-            on_group=lambda g: None,
-            reviewer=Reviewer(client_for(reviewer_handler), "judge-model"),
-        )
-
-    (group,) = anyio.run(main)
+    group = collect_task(
+        policy_handler,
+        CollectSettings(group_size=2, reflect_retry=True, insights=True),
+        Reviewer(client_for(reviewer_handler), "judge-model"),
+    )
     kinds = sorted(a.kind for a in group.attempts)
     # The second attempt saw the first one's insight (guided): only the first is reflected on.
     assert kinds.count("reflection") == 1 and kinds.count("insight") == 2

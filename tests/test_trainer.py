@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import make_group
 from trainer import checkpoint
 from trainer.errors import TrainerError
-from trainer.round import train_round
+from trainer.round import RoundResult, train_round
 from trainer.settings import TrainSettings
 
 FAST = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-3, mode="grpo")
@@ -94,9 +94,8 @@ def test_a_killed_round_resumes_from_its_last_save(
         steps.append(self.state.global_step)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(PolicyGradientTrainer, "training_step", crash_after_three)
-    with pytest.raises(KeyboardInterrupt):
-        train_round(
+    def run_round() -> RoundResult:
+        return train_round(
             groups(),
             base_model=tiny_model_path,
             parent_adapter=None,
@@ -104,28 +103,18 @@ def test_a_killed_round_resumes_from_its_last_save(
             name="policy-r1",
             settings=settings,
         )
+
+    monkeypatch.setattr(PolicyGradientTrainer, "training_step", crash_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        run_round()
     assert not checkpoint.is_complete(tmp_path / "policy-r1")
     monkeypatch.setattr(PolicyGradientTrainer, "training_step", original)
-    result = train_round(
-        groups(),
-        base_model=tiny_model_path,
-        parent_adapter=None,
-        checkpoint_root=tmp_path,
-        name="policy-r1",
-        settings=settings,
-    )
+    result = run_round()
     # 12 rows in batches of 2: steps 0-2 ran, the save at step 2 is where the second run starts.
     assert result.resumed_from_step == 2
     assert checkpoint.is_complete(Path(result.adapter_path))
     assert not (tmp_path / ".rounds" / "policy-r1").exists()
-    again = train_round(
-        groups(),
-        base_model=tiny_model_path,
-        parent_adapter=None,
-        checkpoint_root=tmp_path,
-        name="policy-r1",
-        settings=settings,
-    )
+    again = run_round()
     assert again.resumed_from_step == -1 and again.adapter_path == result.adapter_path
 
 

@@ -293,7 +293,7 @@ def test_a_run_killed_while_training_resumes_the_round(
     ]  # fmt: skip
     first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    while not list(tmp_path.glob("adapters/.rounds/*/checkpoint-*")):
+    while not list(tmp_path.glob("adapters/.rounds/*/checkpoint-*/trainer_state.json")):
         assert first.poll() is None, "the run ended before the trainer saved"
         assert time.monotonic() < deadline
         time.sleep(0.2)

@@ -108,6 +108,8 @@ def test_a_killed_round_resumes_from_its_last_save(
     with pytest.raises(KeyboardInterrupt):
         run_round()
     assert not checkpoint.is_complete(tmp_path / "policy-r1")
+    # A later save killed half-way (no trainer state written yet) is passed over.
+    (tmp_path / ".rounds" / "policy-r1" / "checkpoint-4").mkdir()
     monkeypatch.setattr(PolicyGradientTrainer, "training_step", original)
     result = run_round()
     # 12 rows in batches of 2: steps 0-2 ran, the save at step 2 is where the second run starts.

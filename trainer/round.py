@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -163,8 +164,18 @@ class _Progress(TrainerCallback):
 
 
 def _last_save(work: Path) -> Path | None:
-    saves = sorted(work.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
-    return saves[-1] if saves else None
+    """The newest complete trainer save. The trainer writes `trainer_state.json` last, so a save
+    killed half-way has none (or a torn one) and is passed over."""
+    saves = [p for p in work.glob("checkpoint-*") if _complete_save(p)]
+    return max(saves, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def _complete_save(path: Path) -> bool:
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _load_policy(base_model: Path, parent_adapter: Path | None, settings: TrainSettings) -> Any:

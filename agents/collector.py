@@ -42,15 +42,10 @@ from agents.policy import PolicyClient, Reviewer
 from agents.reflection import reflect, wants_retry
 from agents.strategy import StrategySettings, reflection_note, strategy_attempt
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
-from verifiers.reasoning import verify, worked_example
+from verifiers.catalog import averify, system_prompt, worked_example
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)
-
-SYSTEM_PROMPT = (
-    "You are a careful math assistant. Work the problem out in one or two short sentences, "
-    "then write the final answer inside answer tags, like <answer>42</answer>."
-)
 
 
 class CollectSettings(BaseModel):
@@ -61,11 +56,14 @@ class CollectSettings(BaseModel):
     group_size: int = 4
     temperature: float = 1.0
     max_tokens: int = 128
-    system_prompt: str = SYSTEM_PROMPT
+    system_prompt: str | None = None  # None: the task set's own
     guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
     reflect_retry: bool = False
     insights: bool = False
     strategy: StrategySettings | None = None
+
+    def system(self, task: Task) -> str:
+        return self.system_prompt or system_prompt(task.taskset)
 
     def guided_slots(self) -> int:
         return round(self.group_size * self.guided_fraction)
@@ -127,7 +125,7 @@ async def collect_group(
     board: InsightBoard | None = None,
     reviewer: Reviewer | None = None,
 ) -> Group:
-    bare = bare_messages(task, settings.system_prompt)
+    bare = bare_messages(task, settings.system(task))
     policy = Reviewer(client, model)
     reviewer = reviewer or policy
     if board is None:
@@ -193,17 +191,17 @@ async def _first_attempt(
     plan: dict[str, Any]
     if index < settings.guided_slots():
         example = worked_example(task.taskset)
-        messages = demo_messages(task, settings.system_prompt, example)
+        messages = demo_messages(task, settings.system(task), example)
         plan = {"kind": "guided", "context": "demo", "guidance": demo_text(example)}
     elif insights:
-        messages = insight_messages(task, settings.system_prompt, insights)
+        messages = insight_messages(task, settings.system(task), insights)
         plan = {"kind": "guided", "context": "insights", "guidance": "\n".join(insights)}
     elif tried:
         note = reflection_note(tried)
-        messages = strategies_messages(task, settings.system_prompt, note)
+        messages = strategies_messages(task, settings.system(task), note)
         plan = {"kind": "guided", "context": "strategies", "guidance": note}
     else:
-        messages = bare_messages(task, settings.system_prompt)
+        messages = bare_messages(task, settings.system(task))
         plan = {}
     if settings.strategy is None:
         return await attempt_task(client, task, messages, model, sampling, index, **plan)
@@ -248,7 +246,7 @@ async def _sequential_attempts(
         attempts.append(attempt)
         if attempt.sample is None or attempt.reward >= 1:
             continue
-        bare = bare_messages(task, settings.system_prompt)
+        bare = bare_messages(task, settings.system(task))
         bare_ids = await _bare_ids(attempts, client, model, bare)
         if bare_ids is None:
             continue
@@ -295,7 +293,7 @@ async def _reflect_and_retry(
             extras.append(reflection_attempt)
             return
         assert reflection is not None and parent.sample is not None
-        messages = hint_messages(task, settings.system_prompt, reflection.principle)
+        messages = hint_messages(task, settings.system(task), reflection.principle)
         async with limiter:
             retry = await attempt_task(
                 client,
@@ -362,7 +360,7 @@ async def attempt_task(
         sample = await client.sample(model, messages, sampling)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
-    verdict = verify(task, sample.text)
+    verdict = await averify(task, sample.text)
     reason = verdict.reason
     if sample.finish_reason == "length":
         reason += ", truncated"

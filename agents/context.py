@@ -38,7 +38,7 @@ def demo_messages(task: Task, system_prompt: str, example: tuple[str, str]) -> M
 
 def hint_messages(task: Task, system_prompt: str, hint: str) -> Messages:
     return [
-        {"role": "system", "content": f"{system_prompt}\\n\\nGuidance from an earlier try: {hint}"},
+        {"role": "system", "content": f"{system_prompt}\n\nGuidance from an earlier try: {hint}"},
         {"role": "user", "content": task.question},
     ]
 

@@ -24,7 +24,7 @@ from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
 from memory.records import Attempt, Sample, SamplingSettings
-from verifiers.reasoning import verify
+from verifiers.catalog import averify
 from verifiers.task import Task
 
 PREFIX = "Strategy:"
@@ -90,7 +90,7 @@ async def strategy_attempt(
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
     sample, pivot, exact = join(prompt_ids, strategy, action, len(cue))
-    verdict = verify(task, action.text)
+    verdict = await averify(task, action.text)
     reason = verdict.reason + ("" if exact else ", strategy not token-exact: answer trained only")
     if action.finish_reason == "length":
         reason += ", truncated"

@@ -78,7 +78,7 @@ async def raw(args: argparse.Namespace, url: str, model: str, tasks: list) -> tu
     async def one(task: Any) -> None:
         nonlocal generated
         async with limiter:
-            messages = bare_messages(task, CollectSettings().system_prompt)
+            messages = bare_messages(task, CollectSettings().system(task))
             sample = await client.sample(model, messages, sampling)
         generated += len(sample.completion_token_ids)
 

@@ -377,7 +377,7 @@ def _run_defaults() -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     from flows.settings import load_run_settings
     from memory.store import open_store
-    from verifiers.reasoning import preset
+    from verifiers.catalog import check
 
     overrides: dict[str, Any] = {"db_url": _db_url(args), "workdir": args.workdir}
     for flag, (key, _, _) in RUN_FLAGS.items():
@@ -386,7 +386,7 @@ def _run(args: argparse.Namespace) -> int:
             overrides[key] = value
     labels = {key: flag for flag, (key, _, _) in RUN_FLAGS.items()}
     settings = load_run_settings(args.config, overrides, labels)
-    preset(settings.taskset)
+    check(settings.taskset)
     open_store(settings.db_url).dispose()
     model_path = _model_folder(args.model, args.workdir)
     served_name = model_path.name

@@ -36,7 +36,7 @@ from serving import promotion
 from serving.adapters import ensure_loaded
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
-from verifiers.reasoning import eval_tasks, train_tasks
+from verifiers.catalog import eval_tasks, train_tasks
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,10 @@ from verifiers.answer import extract_answer
         ("12</answer>", None, False),
         ("no digits here", None, False),
         ("\x00<answer>3</answer>\x00", "3", True),
+        ("```\n<answer>5</answer>\n```", None, False),
+        ("```python\nprint(5)\n```", None, False),
+        ("```python\nprint(5)", None, False),
+        ("```<answer>5</answer>``` so <answer>6</answer>", "6", True),
     ],
 )
 def test_extraction_resists_format_hacks(text: str, answer: str | None, format_ok: bool) -> None:

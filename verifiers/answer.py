@@ -3,7 +3,9 @@
 1. Exactly one `<answer>...</answer>` pair with non-empty content is a formatted answer.
 2. Several answer tags, an empty pair, or an unbalanced tag earn nothing: a model must not be
    able to collect reward by listing candidates or by emitting the tags alone.
-3. With no tags at all, the last number in the text is taken as an unformatted answer, so that
+3. Text inside code fences does not count: an answer tag or a number hidden in a fenced block
+   earns nothing.
+4. With no tags at all, the last number in the text is taken as an unformatted answer, so that
    correctness can be measured on a model that has not learned the format yet.
 """
 
@@ -17,6 +19,7 @@ OPEN_TAG = re.compile(r"<answer>", re.IGNORECASE)
 CLOSE_TAG = re.compile(r"</answer>", re.IGNORECASE)
 TAGGED = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+FENCED = re.compile(r"```.*?(?:```|$)", re.DOTALL)
 
 
 class Extraction(BaseModel):
@@ -29,6 +32,10 @@ class Extraction(BaseModel):
 
 def extract_answer(text: str) -> Extraction:
     text = text.replace("\x00", "")
+    outside = FENCED.sub(" ", text)
+    if outside != text and not TAGGED.search(outside) and TAGGED.search(text):
+        return Extraction(answer=None, format_ok=False, reason="answer inside a code fence")
+    text = outside
     opens, closes = len(OPEN_TAG.findall(text)), len(CLOSE_TAG.findall(text))
     if opens == 0 and closes == 0:
         return _last_number(text)

@@ -3,16 +3,21 @@
 1. A task set is a named preset: a reasoning-gym generator and its difficulty config.
 2. Held-out (eval) tasks come from their own seed; train tasks are drawn from per-round seeds and
    never include a question that is in the held-out set, so evaluation measures generalisation.
-3. `verify` scores a completion with reasoning-gym's own scorer behind `extract_answer`.
+3. `verify` scores a completion behind `extract_answer`, with reasoning-gym's own scorer or, for
+   math presets, by symbolic equivalence with math-verify ("x = 13", "13.0" and "26/2" all match
+   13). Extracted answers longer than `MAX_MATH_ANSWER` are not parsed: sympy must not be handed
+   a model-sized expression to chew on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import math_verify
 import reasoning_gym
 
 from verifiers.answer import extract_answer
@@ -22,6 +27,11 @@ from verifiers.verdict import Verdict
 
 UNFORMATTED_CREDIT = 0.5
 EVAL_SEED = 1_000_003
+MAX_MATH_ANSWER = 200
+
+# math-verify warns on every call that its signal-based timeout is off; it must be off, because
+# verification runs in worker threads where signals cannot be used.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class Preset:
     generator: str
     config: dict[str, Any] = field(default_factory=dict)
     example: tuple[str, str] = ("Calculate 3 + 4.", "3 + 4 = 7. <answer>7</answer>")
+    checker: Literal["gym", "math"] = "gym"
 
 
 PRESETS: dict[str, Preset] = {
@@ -45,6 +56,12 @@ PRESETS: dict[str, Preset] = {
             "State the final answer to the following arithmetic problem: 3 + 4 =",
             "3 + 4 = 7. <answer>7</answer>",
         ),
+    ),
+    "equations": Preset(
+        "simple_equations",
+        {"min_terms": 2, "max_terms": 2, "min_value": 1, "max_value": 9},
+        ("Solve for x: 2*x + 1 = 7", "2*x = 6, so x = 3. <answer>3</answer>"),
+        checker="math",
     ),
 }
 
@@ -77,9 +94,7 @@ def verify(task: Task, completion: str) -> Verdict:
         return Verdict(
             reward=0.0, correct=False, format_ok=False, answer=None, reason=extraction.reason
         )
-    dataset = _dataset(task.taskset, size=1, seed=0)
-    entry = {"question": task.question, "answer": task.answer, "metadata": {}}
-    correct = dataset.score_answer(extraction.answer, entry) >= 1.0
+    correct = _correct(task, extraction.answer)
     reward = (1.0 if extraction.format_ok else UNFORMATTED_CREDIT) if correct else 0.0
     return Verdict(
         reward=reward,
@@ -87,6 +102,24 @@ def verify(task: Task, completion: str) -> Verdict:
         format_ok=extraction.format_ok,
         answer=extraction.answer,
         reason=("correct" if correct else "wrong") + f", {extraction.reason}",
+    )
+
+
+def _correct(task: Task, answer: str) -> bool:
+    if preset(task.taskset).checker == "math":
+        return math_equivalent(task.answer, answer)
+    dataset = _dataset(task.taskset, size=1, seed=0)
+    entry = {"question": task.question, "answer": task.answer, "metadata": {}}
+    return dataset.score_answer(answer, entry) >= 1.0
+
+
+def math_equivalent(gold: str, answer: str) -> bool:
+    """Symbolic equivalence of two math answers (math-verify), thread-safe."""
+    if len(answer) > MAX_MATH_ANSWER:
+        return False
+    parsed = math_verify.parse(answer, parsing_timeout=None)
+    return bool(parsed) and math_verify.verify(
+        math_verify.parse(gold, parsing_timeout=None), parsed, timeout_seconds=None
     )
 
 

@@ -9,7 +9,8 @@ class Verdict(BaseModel):
     """Score and reasons for one completion.
 
     `correct` is correctness under lenient extraction (used for pass@1); `format_ok` says the
-    answer came from exactly one non-empty answer-tag pair; `reward` is what training sees.
+    answer came in the task set's required format; `reward` is what training sees; `feedback`
+    says what passed and what failed, a line each, for reflections and insights.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -20,3 +21,4 @@ class Verdict(BaseModel):
     format_ok: bool
     answer: str | None
     reason: str
+    feedback: tuple[str, ...] = ()

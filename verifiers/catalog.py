@@ -1,0 +1,73 @@
+"""Every single-completion task set, by name: what `flywheel run --taskset` accepts.
+
+Reasoning-gym presets (answer tags, scored by reasoning-gym or math-verify) and the code task
+set (a fenced function, run against hidden tests in the sandbox) share one surface: held-out
+and train tasks, a worked example, a system prompt, and `verify`. Verification of code runs in
+a worker thread, so an event loop never waits on a sandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import anyio
+
+from verifiers import coding, reasoning
+from verifiers.errors import VerifierError
+from verifiers.task import Task
+from verifiers.verdict import Verdict
+
+ANSWER_PROMPT = (
+    "You are a careful math assistant. Work the problem out in one or two short sentences, "
+    "then write the final answer inside answer tags, like <answer>42</answer>."
+)
+CODE_PROMPT = (
+    "You are a careful Python programmer. Reply with the requested function in one "
+    "```python code block, with no tests or prints."
+)
+
+
+def names() -> list[str]:
+    return [*reasoning.PRESETS, coding.TASKSET]
+
+
+def check(name: str) -> None:
+    """Raise a one-line error unless `name` is a task set."""
+    if name not in names():
+        raise VerifierError(f"unknown task set {name!r}; choose one of {', '.join(names())}")
+
+
+def eval_tasks(name: str, count: int) -> list[Task]:
+    check(name)
+    if name == coding.TASKSET:
+        return coding.eval_tasks(count)
+    return reasoning.eval_tasks(name, count)
+
+
+def train_tasks(name: str, count: int, seed: int, held_out: Iterable[Task]) -> list[Task]:
+    check(name)
+    if name == coding.TASKSET:
+        return coding.train_tasks(count, seed)
+    return reasoning.train_tasks(name, count, seed, held_out)
+
+
+def worked_example(name: str) -> tuple[str, str]:
+    check(name)
+    return coding.worked_example() if name == coding.TASKSET else reasoning.worked_example(name)
+
+
+def system_prompt(name: str) -> str:
+    return CODE_PROMPT if name == coding.TASKSET else ANSWER_PROMPT
+
+
+def verify(task: Task, completion: str) -> Verdict:
+    if task.taskset == coding.TASKSET:
+        return coding.verify(task, completion)
+    return reasoning.verify(task, completion)
+
+
+async def averify(task: Task, completion: str) -> Verdict:
+    """`verify` for async callers: sandboxed task sets run in a worker thread."""
+    if task.taskset == coding.TASKSET:
+        return await anyio.to_thread.run_sync(coding.verify, task, completion)
+    return reasoning.verify(task, completion)

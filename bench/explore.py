@@ -32,7 +32,7 @@ from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
 from memory.records import Group  # noqa: E402
-from verifiers.reasoning import train_tasks  # noqa: E402
+from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
 METHODS: dict[str, dict[str, Any]] = {

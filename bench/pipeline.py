@@ -34,7 +34,7 @@ from agents.context import bare_messages  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
 from memory.records import SamplingSettings  # noqa: E402
-from verifiers.reasoning import train_tasks  # noqa: E402
+from verifiers.catalog import train_tasks  # noqa: E402
 
 
 def main() -> None:

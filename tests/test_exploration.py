@@ -15,7 +15,9 @@ from tests.test_advantages import with_attempts
 from tests.test_policy import client_for, completion
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
+from verifiers.catalog import CODE_PROMPT
 from verifiers.reasoning import eval_tasks
+from verifiers.task import Task
 
 TASK = eval_tasks("arithmetic", 1)[0]
 REFLECTION = {
@@ -31,13 +33,14 @@ def collect_task(
     handler: Callable[[httpx.Request], httpx.Response],
     settings: CollectSettings,
     reviewer: Reviewer | None = None,
+    task: Task = TASK,
 ) -> Group:
-    """The one group of TASK, collected from a scripted server."""
+    """The one group of `task`, collected from a scripted server."""
 
     async def main():
         return await collect_groups(
             client_for(handler),
-            [TASK],
+            [task],
             model="m",
             round_index=1,
             purpose="train",
@@ -366,3 +369,27 @@ def test_a_configured_reviewer_writes_reflections_and_judgements() -> None:
     assert kinds.count("reflection") == 1 and kinds.count("insight") == 2
     assert all(b["model"] == "judge-model" for b in reviewer_calls)
     assert "/tokenize" in policy_paths, "insight ids come from the policy's tokenizer"
+
+
+def test_code_tasks_are_prompted_for_code_and_verified_in_the_sandbox() -> None:
+    from verifiers.coding import train_tasks
+
+    task = next(t for t in train_tasks(18, seed=0) if t.task_id == "code:add")
+    replies = iter(
+        [
+            "```python\ndef add(a, b):\n    return a + b\n```",
+            "```python\ndef add(a, b):\n    return a - b\n```",
+        ]
+    )
+    systems = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        systems.append(body["messages"][0]["content"])
+        return scripted(body, next(replies), [7])
+
+    group = collect_task(handler, CollectSettings(group_size=2), task=task)
+    assert systems == [CODE_PROMPT, CODE_PROMPT]
+    by_reward = sorted(group.attempts, key=lambda a: a.reward)
+    assert [a.reward for a in by_reward] == [0.0, 1.0]
+    assert "failed: add(1, 2) returned -1, expected 3" in by_reward[0].reason

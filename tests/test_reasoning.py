@@ -32,3 +32,29 @@ def test_verify_rewards_only_correct_answers() -> None:
     assert (untagged.reward, untagged.correct, untagged.format_ok) == (0.5, True, False)
     assert (wrong.reward, wrong.correct) == (0.0, False)
     assert (hacked.reward, hacked.correct) == (0.0, False)
+
+
+@pytest.mark.parametrize(
+    ("reply", "correct"),
+    [("<answer>x = {a}</answer>", True), ("<answer>{a}.0</answer>", True),
+     ("<answer>\\frac{{{b}}}{{2}}</answer>", True), ("<answer>{a} or 99</answer>", False),
+     ("<answer>99</answer>", False), ("<answer>" + "1+" * 300 + "1</answer>", False)],
+)  # fmt: skip
+def test_math_answers_are_checked_for_equivalence(reply: str, correct: bool) -> None:
+    task = eval_tasks("equations", 1)[0]
+    answer = int(task.answer)
+    verdict = verify(task, reply.format(a=answer, b=2 * answer))
+    assert verdict.correct is correct
+
+
+def test_math_verification_works_off_the_main_thread() -> None:
+    import threading
+
+    task = eval_tasks("equations", 1)[0]
+    verdicts = []
+    thread = threading.Thread(
+        target=lambda: verdicts.append(verify(task, f"<answer>{task.answer}</answer>"))
+    )
+    thread.start()
+    thread.join()
+    assert verdicts[0].correct

@@ -59,8 +59,15 @@ PRESETS: dict[str, Preset] = {
     ),
     "equations": Preset(
         "simple_equations",
-        {"min_terms": 2, "max_terms": 2, "min_value": 1, "max_value": 9},
-        ("Solve for x: 2*x + 1 = 7", "2*x = 6, so x = 3. <answer>3</answer>"),
+        {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_value": 1,
+            "max_value": 9,
+            "operators": ("+", "-"),
+            "operators_weights": [0.5, 0.5],
+        },
+        ("Solve for x: x + 4 = 7", "x = 7 - 4 = 3. <answer>3</answer>"),
         checker="math",
     ),
 }

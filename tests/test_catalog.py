@@ -1,0 +1,51 @@
+"""The task-set catalog: every name works end to end through one surface."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from verifiers.catalog import (
+    averify,
+    check,
+    eval_tasks,
+    names,
+    system_prompt,
+    train_tasks,
+    verify,
+    worked_example,
+)
+from verifiers.errors import VerifierError
+from verifiers.sandbox import Isolation, best_isolation
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_task_set_has_tasks_an_example_and_a_prompt(name: str) -> None:
+    held_out = eval_tasks(name, 4)
+    train = train_tasks(name, 4, seed=1, held_out=held_out)
+    assert {t.taskset for t in held_out + train} == {name}
+    assert not {t.task_id for t in held_out} & {t.task_id for t in train}
+    question, solution = worked_example(name)
+    assert question and solution and system_prompt(name)
+
+
+def test_the_worked_examples_are_in_the_format_their_verifier_requires() -> None:
+    if best_isolation() is Isolation.PROCESS:
+        pytest.skip("no namespace isolation on this host")
+    for name in names():
+        task = eval_tasks(name, 1)[0]
+        _, solution = worked_example(name)
+        verdict = verify(task, solution)
+        assert verdict.format_ok, (name, verdict)
+
+
+def test_async_verification_matches_the_blocking_one() -> None:
+    task = eval_tasks("code", 1)[0]
+    reply = "```python\ndef count_vowels(s):\n    return sum(c in 'aeiouAEIOU' for c in s)\n```"
+    assert anyio.run(averify, task, reply) == verify(task, reply)
+    assert verify(task, reply).correct
+
+
+def test_unknown_names_are_refused_in_one_line() -> None:
+    with pytest.raises(VerifierError, match=r"unknown task set 'cod'; choose one of .*code"):
+        check("cod")

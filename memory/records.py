@@ -181,3 +181,26 @@ class AliasEvent(Record):
     from_version: str | None
     to_version: str | None
     reason: str = ""
+
+
+WorkState = Literal["queued", "claimed", "done"]
+
+
+class WorkItem(Record):
+    """One task of one batch (round, purpose, policy version) waiting to be collected.
+
+    `plan` is the collecting flow's own typed plan (the task and its sampling settings),
+    serialised: the store keeps it and hands it to whichever worker claims the item.
+    `lease_expires_at` is a Unix time; a claim whose lease has passed may be taken again.
+    """
+
+    id: int | None = None
+    round_index: int
+    purpose: GroupPurpose
+    policy_version: str
+    task_id: str
+    plan: dict[str, Any]
+    state: WorkState = "queued"
+    owner: str | None = None
+    lease_expires_at: float | None = None
+    claims: int = 0

@@ -87,13 +87,13 @@ def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
         "policy_version": group.policy_version,
     }
     values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
-    statement = _insert(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
+    statement = insert_for(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
     inserted = session.scalar(statement.returning(RolloutGroupRow.id))
     group_id = session.scalar(select(RolloutGroupRow.id).filter_by(**key))
     assert group_id is not None
     for attempt in group.attempts:
         row = {"group_id": group_id, **_attempt_columns(attempt)}
-        session.execute(_insert(session, AttemptRow).values(**row).on_conflict_do_nothing())
+        session.execute(insert_for(session, AttemptRow).values(**row).on_conflict_do_nothing())
     session.flush()
     _refresh_group_stats(session, group_id)
     return group_id, inserted is not None
@@ -138,7 +138,7 @@ def outcome_counts(session: Session, task_id: str) -> dict[str, int]:
 def add_outcomes(session: Session, task_id: str, answer_keys: list[str]) -> None:
     """Count each key once more for the task (an atomic upsert-increment per key)."""
     for key, n in Counter(answer_keys).items():
-        statement = _insert(session, OutcomeCountRow).values(
+        statement = insert_for(session, OutcomeCountRow).values(
             task_id=task_id, answer_key=key, count=n
         )
         session.execute(
@@ -178,7 +178,7 @@ def record_feedback(session: Session, task_id: str, score: float, reason: str) -
 
 def save_policy_version(session: Session, version: PolicyVersion) -> None:
     values = version.model_dump(exclude={"schema_version"})
-    statement = _insert(session, PolicyVersionRow).values(**values)
+    statement = insert_for(session, PolicyVersionRow).values(**values)
     session.execute(statement.on_conflict_do_nothing())
     session.flush()
 
@@ -302,7 +302,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _insert(session: Session, table: type) -> Any:
+def insert_for(session: Session, table: type) -> Any:
     dialect = session.get_bind().dialect.name
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 

@@ -1,0 +1,127 @@
+"""The work queue on SQLite and PostgreSQL: idempotent enqueue, atomic claims, leases that run
+out and are taken again, and 4 processes claiming at once with no item claimed twice."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter
+
+from memory import workqueue
+from memory.records import WorkItem
+from memory.store import open_store, transaction
+
+BATCH = (1, "train", "policy-r0")
+
+
+def items(count: int, round_index: int = 1) -> list[WorkItem]:
+    return [
+        WorkItem(
+            round_index=round_index,
+            purpose="train",
+            policy_version="policy-r0",
+            task_id=f"task-{i:03d}",
+            plan={"task": {"task_id": f"task-{i:03d}"}, "group_size": 4},
+        )
+        for i in range(count)
+    ]
+
+
+def test_enqueue_is_idempotent_and_keeps_the_plan(db_url: str) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        assert workqueue.enqueue(session, items(5)) == 5
+    with transaction(engine) as session:
+        assert workqueue.enqueue(session, items(7)) == 2
+    with workqueue.claiming(engine) as session:
+        claimed = workqueue.claim(session, "w1", limit=1, lease_s=60)
+    assert claimed[0].plan == {"task": {"task_id": "task-000"}, "group_size": 4}
+    assert claimed[0].claims == 1 and claimed[0].owner == "w1"
+
+
+def test_claims_do_not_overlap_and_expired_leases_are_taken_again(db_url: str) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(4))
+    with workqueue.claiming(engine) as session:
+        first = workqueue.claim(session, "w1", limit=3, lease_s=60, now=1000.0)
+    with workqueue.claiming(engine) as session:
+        second = workqueue.claim(session, "w2", limit=3, lease_s=60, now=1001.0)
+    assert len(first) == 3 and len(second) == 1
+    assert not {i.id for i in first} & {i.id for i in second}
+    with workqueue.claiming(engine) as session:  # w1 renews one lease, then goes silent
+        assert workqueue.renew(session, "w1", [first[0].id], lease_s=60, now=1030.0) == 1
+        assert workqueue.claim(session, "w3", limit=5, lease_s=60, now=1050.0) == []
+    with workqueue.claiming(engine) as session:
+        retaken = workqueue.claim(session, "w3", limit=5, lease_s=60, now=1070.0)
+    assert {i.id for i in retaken} == {first[1].id, first[2].id, second[0].id}
+    assert all(i.claims == 2 for i in retaken)
+    with transaction(engine) as session:  # w1 lost those: it can no longer renew them
+        assert workqueue.renew(session, "w1", [i.id for i in first], lease_s=60) == 1
+
+
+def test_done_items_are_never_claimed_and_completing_twice_is_harmless(db_url: str) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(2))
+    with workqueue.claiming(engine) as session:
+        claimed = workqueue.claim(session, "w1", limit=2, lease_s=1, now=0.0)
+    with transaction(engine) as session:
+        assert workqueue.complete(session, claimed[0].id)
+        assert not workqueue.complete(session, claimed[0].id)
+        assert workqueue.progress(session, *BATCH) == {"queued": 0, "claimed": 1, "done": 1}
+    with workqueue.claiming(engine) as session:
+        again = workqueue.claim(session, "w2", limit=5, lease_s=60, now=100.0)
+    assert [i.id for i in again] == [claimed[1].id]
+
+
+def test_claims_stay_within_their_batch_and_dead_owners_are_released(db_url: str) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(2, round_index=1) + items(2, round_index=2))
+    with workqueue.claiming(engine) as session:
+        claimed = workqueue.claim(
+            session, "dead", limit=10, lease_s=600, batch=(2, "train", "policy-r0")
+        )
+    assert {i.round_index for i in claimed} == {2}
+    with transaction(engine) as session:
+        assert workqueue.claim_holders(session) == ["dead"]
+        assert workqueue.release(session, ["dead"]) == 2
+        assert workqueue.queue_depth(session) == 4
+
+
+def _claim_until_empty(db_url: str, owner: str, found: multiprocessing.Queue, start) -> None:
+    engine = open_store(db_url)
+    mine: list[int] = []
+    start.wait()
+    while True:
+        with workqueue.claiming(engine) as session:
+            claimed = workqueue.claim(session, owner, limit=3, lease_s=600)
+        if not claimed:
+            break
+        with transaction(engine) as session:
+            for item in claimed:
+                workqueue.complete(session, item.id)
+        mine += [item.id for item in claimed]
+    found.put(mine)
+
+
+def test_four_processes_claiming_at_once_never_share_an_item(db_url: str) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(120))
+    context = multiprocessing.get_context("spawn")
+    found, start = context.Queue(), context.Barrier(4)
+    workers = [
+        context.Process(target=_claim_until_empty, args=(db_url, f"w{i}", found, start))
+        for i in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    claimed = [found.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=30)
+    counts = Counter(item for mine in claimed for item in mine)
+    assert len(counts) == 120 and max(counts.values()) == 1
+    assert sum(1 for mine in claimed if mine) >= 2  # they did run at the same time
+    with transaction(engine) as session:
+        assert workqueue.progress(session, *BATCH) == {"queued": 0, "claimed": 0, "done": 120}

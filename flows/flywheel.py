@@ -19,18 +19,17 @@ import uuid
 from functools import cache
 from pathlib import Path
 
-import anyio
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from agents import outcome
-from agents.collector import CollectSettings, collect_groups
+from agents.collector import CollectSettings
 from agents.policy import PolicyClient, Reviewer
+from flows import worker
 from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
-from memory import store
+from memory import store, workqueue
 from memory.records import Group, GroupPurpose, PolicyVersion, TrainingRound
 from serving import promotion
 from serving.adapters import ensure_loaded
@@ -57,46 +56,34 @@ async def collect(
     purpose: GroupPurpose,
     sampling: CollectSettings,
 ) -> list[Group]:
-    """Sample and store one group per task (skipping stored ones); return all groups."""
+    """Enqueue one work item per task not yet stored, collect them here (with any other
+    workers sharing the store), wait until the batch is done; return all its groups."""
     engine = _engine(settings.db_url)
+    batch = (round_index, purpose, version)
+    shaping = settings.outcome if purpose == "train" else None
     with store.transaction(engine) as session:
-        done = store.load_groups(session, purpose, round_index, version)
-    skip = {g.task_id for g in done}
+        done = {g.task_id for g in store.load_groups(session, purpose, round_index, version)}
+        todo = [t for t in tasks if t.task_id not in done]
+        items = worker.plan_items(
+            batch, todo, lambda t: worker.Plan(task=t, sampling=sampling, outcome=shaping)
+        )
+        workqueue.enqueue(session, items)
     get_run_logger().info(
-        "%s with %s: %d tasks (%d already stored)",
-        purpose,
-        version,
-        len(tasks),
-        len(skip & {t.task_id for t in tasks}),
+        "%s with %s: %d tasks (%d already stored)", purpose, version, len(tasks), len(done)
     )
-
-    def save(group: Group) -> None:
-        with store.transaction(engine) as session:
-            if purpose == "train" and settings.outcome.enabled:
-                counts = store.outcome_counts(session, group.task_id)
-                group = outcome.shape(group, counts, settings.outcome)
-                store.add_outcomes(
-                    session, group.task_id, [a.answer_key for a in group.first_attempts]
-                )
-            store.save_group(session, group)
-
-    client = PolicyClient(server_url)
+    worker.release_dead_local_workers(engine)
     reviewer = _reviewer(settings)
     try:
-        await collect_groups(
-            client,
-            tasks,
-            model=version,
-            round_index=round_index,
-            purpose=purpose,
-            settings=sampling,
-            limiter=anyio.CapacityLimiter(settings.concurrency),
-            on_group=save,
-            skip=skip,
+        await worker.work(
+            engine,
+            server_url,
+            owner=worker.new_owner(),
+            settings=worker.WorkerSettings(concurrency=settings.concurrency),
+            until=lambda: worker.batch_done(engine, batch),
+            batch=batch,
             reviewer=reviewer,
         )
     finally:
-        await client.aclose()
         if reviewer is not None:
             await reviewer.client.aclose()
     wanted = {t.task_id for t in tasks}

@@ -1,0 +1,210 @@
+"""Collection workers: claim queued tasks from the store, collect their groups, store them.
+
+1. A collection batch (round, purpose, policy version) is enqueued as one work item per task,
+   with its plan: the task, the sampling settings and the outcome shaping. Any number of
+   workers, in any process on any machine sharing the database and the model server, claim
+   items in small lots under leases, and renew the leases while they work.
+2. A group is stored and its item marked done in one transaction, by natural key: an item
+   collected twice (its lease ran out under a slow worker) is stored once, and its outcome
+   counts are added once.
+3. `flywheel run` is itself a worker for its own batch, and waits until the batch is done; a
+   worker that dies stops renewing, and its items are taken again when its leases run out (at
+   once, for dead workers on this machine).
+4. Insights (RLTLDR) are shared within one worker's lot, not across workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from itertools import groupby
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine
+
+from agents import outcome
+from agents.collector import CollectSettings, collect_groups
+from agents.outcome import OutcomeSettings
+from agents.policy import PolicyClient, Reviewer
+from memory import store, workqueue
+from memory.records import Group, GroupPurpose, WorkItem
+from verifiers.task import Task
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[int, GroupPurpose, str]
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lease_s: float = Field(120.0, gt=0, description="how long a claim holds without renewal")
+    lot_size: int = Field(16, ge=1, description="items claimed at a time")
+    poll_s: float = Field(2.0, gt=0, description="wait between claims when nothing is free")
+    concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
+
+
+class Plan(BaseModel):
+    """What a worker needs to collect one item: stored on the item, typed here."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: Task
+    sampling: CollectSettings
+    outcome: OutcomeSettings | None = None
+
+
+def new_owner() -> str:
+    """A worker identity: this machine, this process, and a random part for reuse of pids."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
+
+
+def plan_items(batch: Batch, tasks: list[Task], plan: Callable[[Task], Plan]) -> list[WorkItem]:
+    round_index, purpose, version = batch
+    return [
+        WorkItem(
+            round_index=round_index,
+            purpose=purpose,
+            policy_version=version,
+            task_id=task.task_id,
+            plan=plan(task).model_dump(mode="json"),
+        )
+        for task in tasks
+    ]
+
+
+def release_dead_local_workers(engine: Engine) -> int:
+    """Put back the claims of workers on this machine whose process is gone."""
+    host = socket.gethostname()
+    with store.transaction(engine) as session:
+        dead = [
+            owner
+            for owner in workqueue.claim_holders(session)
+            if owner.split("/")[0] == host and not _alive(int(owner.split("/")[1]))
+        ]
+        released = workqueue.release(session, dead) if dead else 0
+    if released:
+        log.info("released %d claims of %d dead workers on this machine", released, len(dead))
+    return released
+
+
+def batch_done(engine: Engine, batch: Batch) -> bool:
+    with store.transaction(engine) as session:
+        counts = workqueue.progress(session, *batch)
+    return counts["queued"] == 0 and counts["claimed"] == 0
+
+
+async def work(
+    engine: Engine,
+    server_url: str,
+    *,
+    owner: str,
+    settings: WorkerSettings,
+    until: Callable[[], bool],
+    batch: Batch | None = None,
+    reviewer: Reviewer | None = None,
+) -> int:
+    """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
+    of groups this worker stored."""
+    client = PolicyClient(server_url)
+    limiter = anyio.CapacityLimiter(settings.concurrency)
+    stored = 0
+    try:
+        while not until():
+            with workqueue.claiming(engine) as session:
+                lot = workqueue.claim(session, owner, settings.lot_size, settings.lease_s, batch)
+            if not lot:
+                await anyio.sleep(settings.poll_s)
+                continue
+            stored += await _collect_lot(engine, client, lot, owner, settings, limiter, reviewer)
+    finally:
+        await client.aclose()
+    return stored
+
+
+async def _collect_lot(
+    engine: Engine,
+    client: PolicyClient,
+    lot: list[WorkItem],
+    owner: str,
+    settings: WorkerSettings,
+    limiter: anyio.CapacityLimiter,
+    reviewer: Reviewer | None,
+) -> int:
+    """Collect a lot, renewing its leases meanwhile; items of one batch and plan settings are
+    collected together (so they share an insight board)."""
+    stored = 0
+
+    async def collect_share(items: list[WorkItem]) -> None:
+        nonlocal stored
+        plans = {item.task_id: (item, Plan.model_validate(item.plan)) for item in items}
+        first, first_plan = next(iter(plans.values()))
+
+        def on_group(group: Group) -> None:
+            nonlocal stored
+            item, plan = plans[group.task_id]
+            stored += _store_group(engine, group, item, plan)
+
+        await collect_groups(
+            client,
+            [plan.task for _, plan in plans.values()],
+            model=first.policy_version,
+            round_index=first.round_index,
+            purpose=first.purpose,
+            settings=first_plan.sampling,
+            limiter=limiter,
+            on_group=on_group,
+            reviewer=reviewer,
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_keep_leases, engine, owner, [item.id for item in lot], settings)
+        async with anyio.create_task_group() as collecting:
+            for _, share in groupby(sorted(lot, key=_share_key), key=_share_key):
+                collecting.start_soon(collect_share, list(share))
+        tg.cancel_scope.cancel()
+    return stored
+
+
+def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> int:
+    """Store the group and finish its item in one transaction; 1 if the group was new."""
+    with store.transaction(engine) as session:
+        if plan.outcome is not None and plan.outcome.enabled:
+            counts = store.outcome_counts(session, group.task_id)
+            group = outcome.shape(group, counts, plan.outcome)
+        _, new = store.save_new_group(session, group)
+        if new and plan.outcome is not None and plan.outcome.enabled:
+            store.add_outcomes(session, group.task_id, [a.answer_key for a in group.first_attempts])
+        assert item.id is not None
+        workqueue.complete(session, item.id)
+    return int(new)
+
+
+async def _keep_leases(
+    engine: Engine, owner: str, item_ids: list[int | None], settings: WorkerSettings
+) -> None:
+    ids = [i for i in item_ids if i is not None]
+    while True:
+        await anyio.sleep(settings.lease_s / 3)
+        with store.transaction(engine) as session:
+            workqueue.renew(session, owner, ids, settings.lease_s)
+
+
+def _share_key(item: WorkItem) -> tuple[int, str, str, str]:
+    plan = {key: value for key, value in item.plan.items() if key != "task"}
+    return item.round_index, item.purpose, item.policy_version, json.dumps(plan, sort_keys=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

@@ -117,6 +117,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     model_server.set_defaults(handler=_serve_model)
 
+    collector = commands.add_parser(
+        "worker", help="a collection worker: claim queued tasks from the store and collect them"
+    )
+    collector.add_argument("--db", default=None, help="database URL (shared with `flywheel run`)")
+    collector.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    collector.add_argument("--server-url", required=True, help="the model server to sample from")
+    collector.add_argument("--reviewer-url", default=None)
+    collector.add_argument("--reviewer-model", default=None)
+    collector.add_argument("--lease", type=float, default=120.0, help="lease seconds (120)")
+    collector.add_argument("--lot-size", type=int, default=16, help="tasks claimed at a time")
+    collector.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    collector.add_argument(
+        "--idle-exit", type=float, default=None, help="stop after this many seconds with no work"
+    )
+    collector.set_defaults(handler=_worker)
+
     gateway = commands.add_parser(
         "gateway", help="serve the OpenAI-compatible gateway in front of vLLM servers"
     )
@@ -227,6 +243,53 @@ def _serve_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker(args: argparse.Namespace) -> int:
+    import anyio
+
+    from agents.policy import PolicyClient, Reviewer
+    from flows import worker
+    from memory.store import open_store
+
+    engine = open_store(_db_url(args))
+    settings = worker.WorkerSettings(
+        lease_s=args.lease, lot_size=args.lot_size, concurrency=args.concurrency
+    )
+    reviewer = None
+    if args.reviewer_url and args.reviewer_model:
+        reviewer = Reviewer(PolicyClient(args.reviewer_url), args.reviewer_model)
+    owner = worker.new_owner()
+    idle = _IdleClock(engine, args.idle_exit)
+    print(f"worker {owner}: collecting from {args.server_url}; Ctrl-C stops it", file=sys.stderr)
+    stored = anyio.run(
+        lambda: worker.work(
+            engine, args.server_url, owner=owner, settings=settings, until=idle.expired,
+            reviewer=reviewer,
+        )
+    )  # fmt: skip
+    print(f"worker {owner}: stored {stored} groups", file=sys.stderr)
+    return 0
+
+
+class _IdleClock:
+    """True once the queue has been empty for `limit` seconds (never, without a limit)."""
+
+    def __init__(self, engine: Any, limit: float | None) -> None:
+        self.engine, self.limit, self.since = engine, limit, None
+
+    def expired(self) -> bool:
+        from memory import store, workqueue
+
+        if self.limit is None:
+            return False
+        with store.transaction(self.engine) as session:
+            empty = workqueue.queue_depth(session) == 0
+        if not empty:
+            self.since = None
+            return False
+        self.since = self.since or time.monotonic()
+        return time.monotonic() - self.since >= self.limit
+
+
 def _gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -283,18 +346,21 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from memory import store
+    from memory import store, workqueue
 
     with store.transaction(store.open_store(_db_url(args))) as session:
         serving = store.promoted_policy(session)
         versions = store.policy_versions(session)
         rounds = store.training_rounds(session)
         counts = store.attempt_counts(session)
+        depth = workqueue.queue_depth(session)
+        holders = workqueue.claim_holders(session)
     if serving is None:
         print("no policy version yet: run `flywheel run`")
         return 0
     print(f"serving: {serving.name} (held-out pass@1 {_score(serving.eval_pass_at_1)})")
     print(f"attempts stored: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}")
+    print(f"queue: {depth} tasks waiting or claimed, by {len(holders)} workers")
     print("versions:")
     for v in versions:
         mark = "*" if v.name == serving.name else " "

@@ -89,13 +89,14 @@ def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
     values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
     statement = insert_for(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
     inserted = session.scalar(statement.returning(RolloutGroupRow.id))
-    group_id = session.scalar(select(RolloutGroupRow.id).filter_by(**key))
+    group_id = inserted or session.scalar(select(RolloutGroupRow.id).filter_by(**key))
     assert group_id is not None
-    for attempt in group.attempts:
-        row = {"group_id": group_id, **_attempt_columns(attempt)}
-        session.execute(insert_for(session, AttemptRow).values(**row).on_conflict_do_nothing())
+    if group.attempts:
+        rows = [{"group_id": group_id, **_attempt_columns(a)} for a in group.attempts]
+        session.execute(insert_for(session, AttemptRow).on_conflict_do_nothing(), rows)
     session.flush()
-    _refresh_group_stats(session, group_id)
+    # A new group holds exactly the attempts given; an old one may hold others: reload it.
+    _refresh_group_stats(session, group_id, group if inserted is not None else None)
     return group_id, inserted is not None
 
 
@@ -340,11 +341,12 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
     }
 
 
-def _refresh_group_stats(session: Session, group_id: int) -> None:
+def _refresh_group_stats(session: Session, group_id: int, group: Group | None = None) -> None:
     row = session.get(RolloutGroupRow, group_id)
     assert row is not None
-    session.refresh(row, ["attempts"])
-    group = _group_record(row)
+    if group is None:
+        session.refresh(row, ["attempts"])
+        group = _group_record(row)
     rewards = [a.reward for a in group.first_attempts]
     row.complete = group.complete
     row.reward_mean = statistics.fmean(rewards) if rewards else None

@@ -1,0 +1,197 @@
+"""Store benchmark: attempt ingest and concurrent work claims, on SQLite and PostgreSQL.
+
+1. Ingest: `--groups` groups of `--group-size` attempts, each attempt with `--tokens` completion
+   token ids and logprobs, saved `--per-tx` groups per transaction through the store's own
+   idempotent upserts. Reports trajectories (attempts) per second.
+2. Claims: `--items` work items claimed and completed by `--workers` processes at once, `--lot`
+   at a time. Reports items per second and how many were claimed twice (must be 0).
+
+    .venv/bin/python bench/store.py [--pg-url postgresql+psycopg://...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import create_engine, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from memory import store, workqueue  # noqa: E402
+from memory.records import Attempt, Group, Sample, SamplingSettings, WorkItem  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pg-url", default=os.environ.get("FLYWHEEL_TEST_PG_URL"))
+    parser.add_argument("--groups", type=int, default=500)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--per-tx", type=int, default=16)
+    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--lot", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        rows.append(measure("sqlite", f"sqlite:///{folder}/bench.db", args))
+    if args.pg_url:
+        with scratch_database(args.pg_url) as url:
+            rows.append(measure("postgresql", url, args))
+    result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "pg_url")}}
+    result["databases"] = rows
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def measure(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    engine = store.open_store(url)
+    groups = [make_group(i, args) for i in range(args.groups)]
+    started = time.perf_counter()
+    for start in range(0, len(groups), args.per_tx):
+        with store.transaction(engine) as session:
+            for group in groups[start : start + args.per_tx]:
+                store.save_group(session, group)
+    ingest_s = time.perf_counter() - started
+    claims_per_s, duplicates, lost = claim_race(url, engine, args)
+    engine.dispose()
+    return {
+        "database": name,
+        "trajectories_per_s": args.groups * args.group_size / ingest_s,
+        "claims_per_s": claims_per_s,
+        "duplicates": duplicates,
+        "lost": lost,
+    }
+
+
+def make_group(index: int, args: argparse.Namespace) -> Group:
+    ids = list(range(args.tokens))
+    sample = Sample(
+        text="x" * args.tokens,
+        prompt_token_ids=list(range(64)),
+        completion_token_ids=ids,
+        logprobs=[-0.5] * args.tokens,
+        finish_reason="stop",
+    )
+    attempts = [
+        Attempt(
+            sample_index=k,
+            policy_version="bench",
+            messages=[{"role": "user", "content": f"task {index}"}],
+            sampling=SamplingSettings(temperature=1.0, max_tokens=args.tokens),
+            sample=sample,
+            reward=float(k % 2),
+            correct=bool(k % 2),
+            format_ok=True,
+            answer=str(k),
+            reason="bench",
+        )
+        for k in range(args.group_size)
+    ]
+    return Group(
+        round_index=1,
+        purpose="train",
+        task_id=f"bench:{index}",
+        taskset="bench",
+        size=args.group_size,
+        question=f"task {index}",
+        policy_version="bench",
+        attempts=attempts,
+    )
+
+
+def claim_race(url: str, engine: Any, args: argparse.Namespace) -> tuple[float, int, int]:
+    items = [
+        WorkItem(
+            round_index=1, purpose="train", policy_version="bench", task_id=f"bench:{i}",
+            plan={"task": i},
+        )
+        for i in range(args.items)
+    ]  # fmt: skip
+    with store.transaction(engine) as session:
+        workqueue.enqueue(session, items)
+    context = multiprocessing.get_context("spawn")
+    found, start = context.Queue(), context.Barrier(args.workers + 1)
+    workers = [
+        context.Process(target=claimer, args=(url, f"w{i}", args.lot, found, start))
+        for i in range(args.workers)
+    ]
+    for process in workers:
+        process.start()
+    start.wait()
+    started = time.perf_counter()
+    claimed = [found.get(timeout=600) for _ in workers]
+    elapsed = time.perf_counter() - started
+    for process in workers:
+        process.join()
+    counts = Counter(item for mine in claimed for item in mine)
+    return args.items / elapsed, sum(n - 1 for n in counts.values()), args.items - len(counts)
+
+
+def claimer(url: str, owner: str, lot: int, found: Any, start: Any) -> None:
+    engine = store.open_store(url)
+    mine: list[int] = []
+    start.wait()
+    while True:
+        with workqueue.claiming(engine) as session:
+            claimed = workqueue.claim(session, owner, limit=lot, lease_s=600)
+        if not claimed:
+            break
+        with store.transaction(engine) as session:
+            for item in claimed:
+                assert item.id is not None
+                workqueue.complete(session, item.id)
+        mine += [item.id for item in claimed if item.id is not None]
+    found.put(mine)
+
+
+class scratch_database:
+    """A throwaway PostgreSQL database next to the one `admin_url` names."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        self.name = f"flywheel_bench_{uuid.uuid4().hex[:8]}"
+        self.url = make_url(admin_url).set(database=self.name)
+
+    def __enter__(self) -> str:
+        with self.admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {self.name}"))
+        return self.url.render_as_string(hide_password=False)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)"))
+        self.admin.dispose()
+
+
+def print_table(result: dict[str, Any]) -> None:
+    s = result["settings"]
+    print(f"{'database':<11} {'trajectories/s':>15} {'claims/s':>9} {'duplicates':>11} {'lost':>5}")
+    for r in result["databases"]:
+        print(
+            f"{r['database']:<11} {r['trajectories_per_s']:>15.0f} {r['claims_per_s']:>9.0f} "
+            f"{r['duplicates']:>11} {r['lost']:>5}"
+        )
+    print(
+        f"ingest: {s['groups']} groups x {s['group_size']} attempts of {s['tokens']} tokens, "
+        f"{s['per_tx']} groups per transaction; claims: {s['items']} items, "
+        f"{s['workers']} processes, lots of {s['lot']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
 from sqlalchemy import UniqueConstraint as Unique
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -154,4 +164,54 @@ class WorkItemRow(Base):
     owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[float | None] = mapped_column(Float)
     claims: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class ExperienceEntryRow(Base):
+    """The experience library: every kind of guidance, by scope and zone."""
+
+    __tablename__ = "experience_entry"
+    __table_args__ = (Unique("scope", "scope_key", "zone", "fingerprint"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    scope: Mapped[str] = mapped_column(String(20))
+    scope_key: Mapped[str] = mapped_column(String(200))
+    zone: Mapped[str] = mapped_column(String(10))
+    text: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(Text, default="")
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary)
+    evidence: Mapped[int] = mapped_column(Integer, default=1)
+    utility: Mapped[float] = mapped_column(Float, default=0.0)
+    exposures: Mapped[int] = mapped_column(Integer, default=0)
+    negative_windows: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(10), default="active", index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class ExperienceUseRow(Base):
+    """An entry shown in the prompt of a group's attempts: where it was used."""
+
+    __tablename__ = "experience_use"
+    __table_args__ = (Unique("entry_id", "group_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    entry_id: Mapped[int] = mapped_column(ForeignKey("experience_entry.id"))
+    group_id: Mapped[int] = mapped_column(ForeignKey("rollout_group.id"))
+    rank: Mapped[int] = mapped_column(Integer)
+    similarity: Mapped[float | None] = mapped_column(Float)
+    gain: Mapped[float | None] = mapped_column(Float)
+
+
+class LibraryEventRow(Base):
+    """Every change to the library, with the entry's fields before and after."""
+
+    __tablename__ = "library_event"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    entry_id: Mapped[int] = mapped_column(ForeignKey("experience_entry.id"), index=True)
+    action: Mapped[str] = mapped_column(String(20))
+    before: Mapped[dict[str, Any]] = mapped_column()
+    after: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

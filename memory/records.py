@@ -204,3 +204,49 @@ class WorkItem(Record):
     owner: str | None = None
     lease_expires_at: float | None = None
     claims: int = 0
+
+
+ExperienceKind = Literal["strategy", "principle", "insight", "warning", "hint"]
+Scope = Literal["task", "task_type", "global"]
+Zone = Literal["do", "avoid"]
+
+
+class Guidance(Record):
+    """A candidate for the experience library, as an agent proposes it."""
+
+    kind: ExperienceKind
+    scope: Scope
+    scope_key: str = ""  # the task id, the task set, or "" for global
+    zone: Zone = "do"
+    text: str = Field(min_length=1, max_length=2000)
+    source: str = ""  # what produced it, e.g. "reflection of attempt 812"
+
+
+class ExperienceEntry(Record):
+    """An entry of the experience library: guidance text with its evidence and its utility
+    (the with/without-guidance gain of the groups it was injected into)."""
+
+    id: int
+    kind: ExperienceKind
+    scope: Scope
+    scope_key: str
+    zone: Zone
+    text: str
+    source: str
+    fingerprint: str
+    evidence: int
+    utility: float
+    exposures: int
+    negative_windows: int
+    status: Literal["active", "pruned"]
+    created_at: datetime
+
+
+class LibraryEvent(Record):
+    """One change to the library: an entry added, merged into, credited, pruned or trimmed."""
+
+    entry_id: int
+    action: Literal["add", "merge", "credit", "prune", "trim"]
+    before: dict[str, Any] = Field(default_factory=dict)
+    after: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None

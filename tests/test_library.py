@@ -1,0 +1,201 @@
+"""Every rule of the experience library, on SQLite and PostgreSQL, and retrieval by scope,
+BM25 and real sentence embeddings."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Engine
+
+from memory import library
+from memory.errors import StoreError
+from memory.library import LibrarySettings
+from memory.records import ExperienceEntry, Guidance
+from memory.retrieval import Index
+from memory.store import open_store, save_group, transaction
+from tests.conftest import make_group
+
+
+def tip(text: str, zone: str = "do", scope: str = "task_type", key: str = "arithmetic") -> Guidance:
+    return Guidance(kind="insight", scope=scope, scope_key=key, zone=zone, text=text, source="test")
+
+
+def show_and_credit(
+    engine: Engine, entry_id: int, gains: list[float], settings: LibrarySettings
+) -> None:
+    for group_id, gain in zip(groups_for(engine, len(gains)), gains, strict=True):
+        with transaction(engine) as session:
+            library.record_use(session, group_id, [entry_id], [0.9])
+            library.credit(session, group_id, gain, settings)
+
+
+_made = 0
+
+
+def groups_for(engine: Engine, count: int) -> list[int]:
+    global _made
+    with transaction(engine) as session:
+        ids = [
+            save_group(session, make_group([1.0, 0.0], task_id=f"use{_made + i}"))
+            for i in range(count)
+        ]
+    _made += count
+    return ids
+
+
+def test_a_duplicate_merges_its_evidence_and_keeps_the_utility(db_url: str) -> None:
+    engine, settings = open_store(db_url), LibrarySettings()
+    with transaction(engine) as session:
+        (entry_id,) = library.admit(session, [tip("Check the sign.")], settings).added
+    show_and_credit(engine, entry_id, [1.0], settings)
+    with transaction(engine) as session:
+        report = library.admit(
+            session, [tip("  check   THE sign "), tip("Check the sign of the result.")], settings
+        )
+        entries = {e.id: e for e in library.entries(session)}
+        actions = [e.action for e in library.events(session, entry_id)]
+    assert report.merged == [entry_id] and len(report.added) == 1
+    assert entries[entry_id].text == "Check the sign."
+    assert entries[entry_id].evidence == 2
+    assert entries[entry_id].utility == pytest.approx(0.1)
+    assert actions == ["add", "credit", "merge"]
+
+
+def test_a_longer_rewording_with_the_same_words_replaces_the_text(db_url: str) -> None:
+    engine, settings = open_store(db_url), LibrarySettings()
+    with transaction(engine) as session:
+        (entry_id,) = library.admit(session, [tip("check the sign")], settings).added
+        library.admit(session, [tip("Check the sign!!")], settings)
+        (entry,) = library.entries(session)
+    assert entry.text == "Check the sign!!" and entry.evidence == 2
+
+
+def test_admission_is_rate_limited_per_zone(db_url: str) -> None:
+    engine = open_store(db_url)
+    settings = LibrarySettings(rate_limit={"do": 3, "avoid": 1})
+    candidates = [tip(f"do thing {i}") for i in range(5)] + [
+        tip(f"avoid thing {i}", "avoid") for i in range(2)
+    ]
+    with transaction(engine) as session:
+        report = library.admit(session, candidates, settings)
+    assert len(report.added) == 4
+    assert [reason for _, reason in report.refused] == ["rate limit"] * 3
+    with transaction(engine) as session:  # the next update has its own allowance
+        assert len(library.admit(session, [tip("do thing 9")], settings).added) == 1
+
+
+def test_capacity_trims_the_lowest_ranked_unprotected_entry(db_url: str) -> None:
+    engine = open_store(db_url)
+    settings = LibrarySettings(capacity={"do": 3, "avoid": 3}, protect_exposures=1, exploration=0.0)
+    with transaction(engine) as session:
+        ids = library.admit(session, [tip(f"tip {i}") for i in range(3)], settings).added
+    with transaction(engine) as session:  # every entry is still protected: no room
+        report = library.admit(session, [tip("tip 3")], settings)
+    assert report.added == [] and report.refused[0][1] == "level full of protected entries"
+    for entry_id, gain in zip(ids, [0.5, -0.5, 0.2], strict=True):
+        show_and_credit(engine, entry_id, [gain], settings)
+    with transaction(engine) as session:
+        report = library.admit(session, [tip("tip 3")], settings)
+        active = {e.id for e in library.entries(session)}
+        trim_events = [e.action for e in library.events(session, ids[1])]
+    assert report.trimmed == [ids[1]] and len(report.added) == 1
+    assert active == {ids[0], ids[2], report.added[0]}
+    assert trim_events[-1] == "trim"
+
+
+def test_utility_follows_the_gain_and_persistent_losers_are_pruned(db_url: str) -> None:
+    engine = open_store(db_url)
+    settings = LibrarySettings(min_exposures=3, negative_windows=2)
+    with transaction(engine) as session:
+        good, bad = library.admit(session, [tip("good tip"), tip("bad tip")], settings).added
+    show_and_credit(engine, good, [1.0, 1.0, -0.5], settings)
+    show_and_credit(engine, bad, [-1.0, 0.5, -1.0], settings)  # the positive gain resets the run
+    with transaction(engine) as session:
+        entries = {e.id: e for e in library.entries(session)}
+        assert entries[good].utility == pytest.approx(0.9 * (0.9 * 0.1 + 0.1) - 0.05)
+        assert entries[bad].status == "active" and entries[bad].negative_windows == 1
+        assert [gain for _, gain in library.uses(session, good)] == [1.0, 1.0, -0.5]
+    show_and_credit(engine, bad, [-1.0], settings)
+    with transaction(engine) as session:
+        assert bad not in {e.id for e in library.entries(session)}
+        assert library.events(session, bad)[-1].action == "prune"
+        assert library.events(session, bad)[-1].before["status"] == "active"
+
+
+def test_a_record_that_does_not_fit_is_refused_and_nothing_is_written(db_url: str) -> None:
+    engine = open_store(db_url)
+    bad = {"kind": "rumour", "scope": "global", "text": "trust me"}
+    with (
+        pytest.raises(StoreError, match="guidance refused: kind: Input should be"),
+        transaction(engine) as session,
+    ):
+        library.admit(session, [tip("a fine tip"), bad], LibrarySettings())
+    with (
+        pytest.raises(StoreError, match="text: String should have at most 2000"),
+        transaction(engine) as session,
+    ):
+        library.admit(
+            session, [{"kind": "hint", "scope": "global", "text": "x" * 2001}], LibrarySettings()
+        )
+    with transaction(engine) as session:
+        assert library.entries(session) == []
+
+
+def entry(
+    i: int, text: str, scope: str = "global", key: str = "", utility: float = 0.0
+) -> ExperienceEntry:
+    return ExperienceEntry(
+        id=i, kind="insight", scope=scope, scope_key=key, zone="do", text=text, source="",
+        fingerprint=str(i), evidence=1, utility=utility, exposures=0, negative_windows=0,
+        status="active", created_at="2026-01-01T00:00:00Z",
+    )  # fmt: skip
+
+
+def test_retrieval_keeps_to_the_scope_ranks_by_words_and_fits_the_budget() -> None:
+    index = Index([
+        entry(1, "Carry the one when adding two digit numbers.", "task_type", "arithmetic"),
+        entry(2, "Subtracting a negative number adds it.", "task", "arith:1"),
+        entry(3, "Subtracting a negative number adds it, always.", "task", "arith:2"),
+        entry(4, "Write the function in one code block.", "task_type", "code"),
+        entry(5, "Read the question twice.", "global", utility=0.5),
+        entry(6, "Answer inside the tags. " * 30, "global"),
+    ])  # fmt: skip
+    hits = index.search("what is 3 minus negative 4, subtracting", "arith:1", "arithmetic", k=3)
+    assert [h.entry.id for h in hits] == [2, 5, 1]  # words first, then utility; no 3, 4 or 6
+    assert [
+        h.entry.id for h in index.search("x", "arith:1", "arithmetic", k=6, char_budget=60)
+    ] == [5]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from memory.embedding import Embedder
+
+    return Embedder()
+
+
+def test_embeddings_find_a_paraphrase_that_shares_no_words(embedder) -> None:
+    texts = [
+        "Be careful with minus signs.",
+        "Write the function in one code block.",
+        "Carry the one.",
+    ]
+    entries = [entry(i, text) for i, text in enumerate(texts)]
+    vectors = dict(zip(range(3), embedder.embed_bytes(texts), strict=True))
+    hits = Index(entries, vectors, embedder).search(
+        "check sign when subtracting", "t", "arithmetic", k=1
+    )
+    assert hits[0].entry.id == 0 and hits[0].score > 0.5
+    lexical = Index(entries).search("check sign when subtracting", "t", "arithmetic", k=1)
+    assert lexical[0].score == 0.0  # no shared word: BM25 has nothing to go on
+
+
+def test_admission_stores_embeddings_for_retrieval(db_url: str, embedder) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        (entry_id,) = library.admit(
+            session, [tip("Be careful with minus signs.")], LibrarySettings(), embedder.embed_bytes
+        ).added
+        vectors = library.embeddings(session, [entry_id])
+        entries = library.entries(session)
+    hits = Index(entries, vectors, embedder).search("check the sign", "t", "arithmetic")
+    assert [h.entry.id for h in hits] == [entry_id] and hits[0].score > 0.4

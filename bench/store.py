@@ -5,6 +5,9 @@
    idempotent upserts. Reports trajectories (attempts) per second.
 2. Claims: `--items` work items claimed and completed by `--workers` processes at once, `--lot`
    at a time. Reports items per second and how many were claimed twice (must be 0).
+3. Retrieval: a library of `--entries` entries admitted through the library's own rules (with
+   their sentence embeddings), then `--queries` searches for a task's prompt, top 6 within 800
+   characters: p50 and p99 latency with embeddings and with BM25.
 
     .venv/bin/python bench/store.py [--pg-url postgresql+psycopg://...] [--json PATH]
 """
@@ -15,11 +18,14 @@ import argparse
 import json
 import multiprocessing
 import os
+import random
+import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +35,18 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from memory import store, workqueue  # noqa: E402
-from memory.records import Attempt, Group, Sample, SamplingSettings, WorkItem  # noqa: E402
+from memory import library, store, workqueue  # noqa: E402
+from memory.embedding import Embedder  # noqa: E402
+from memory.library import LibrarySettings  # noqa: E402
+from memory.records import (  # noqa: E402
+    Attempt,
+    Group,
+    Guidance,
+    Sample,
+    SamplingSettings,
+    WorkItem,
+)
+from memory.retrieval import Index  # noqa: E402
 
 
 def main() -> None:
@@ -43,6 +59,8 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--lot", type=int, default=8)
+    parser.add_argument("--entries", type=int, default=10_000)
+    parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = []
@@ -68,6 +86,7 @@ def measure(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
                 store.save_group(session, group)
     ingest_s = time.perf_counter() - started
     claims_per_s, duplicates, lost = claim_race(url, engine, args)
+    retrieval = retrieval_latency(engine, args)
     engine.dispose()
     return {
         "database": name,
@@ -75,7 +94,59 @@ def measure(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
         "claims_per_s": claims_per_s,
         "duplicates": duplicates,
         "lost": lost,
+        **retrieval,
     }
+
+
+WORDS = [
+    "sign", "carry", "digit", "sum", "product", "negative", "minus", "divide", "remainder",
+    "order", "bracket", "tag", "answer", "check", "reread", "estimate", "round", "unit",
+    "zero", "one", "borrow", "multiply", "subtract", "add", "parity", "step", "result",
+]  # fmt: skip
+
+
+def retrieval_latency(engine: Any, args: argparse.Namespace) -> dict[str, float]:
+    rng = random.Random(0)
+    per_task = 10
+    candidates = [
+        Guidance(
+            kind="insight", scope="task", scope_key=f"task:{i // per_task}", zone="do",
+            text=" ".join(rng.choices(WORDS, k=rng.randint(6, 14))) + f" ({i})",
+        )
+        for i in range(args.entries)
+    ]  # fmt: skip
+    settings = LibrarySettings(rate_limit={"do": args.entries, "avoid": 0})
+    embedder = embedder_once()
+    started = time.perf_counter()
+    vectors = embedder.embed_bytes([c.text for c in candidates])
+    by_text = dict(zip([c.text for c in candidates], vectors, strict=True))
+    with store.transaction(engine) as session:
+        library.admit(
+            session, candidates, settings, embed=lambda texts: [by_text[t] for t in texts]
+        )
+    admit_s = time.perf_counter() - started
+    with store.transaction(engine) as session:
+        entries = library.entries(session)
+        stored = library.embeddings(session, [e.id for e in entries])
+    figures = {"library_entries": len(entries), "library_admit_s": admit_s}
+    for name, index in (("embedding", Index(entries, stored, embedder)), ("bm25", Index(entries))):
+        timings = []
+        for _q in range(args.queries):
+            query = " ".join(rng.choices(WORDS, k=12))
+            task = f"task:{rng.randrange(args.entries // per_task)}"
+            started = time.perf_counter()
+            hits = index.search(query, task, "arithmetic", k=6, char_budget=800)
+            timings.append((time.perf_counter() - started) * 1000)
+            assert hits and all(h.entry.scope_key == task for h in hits)
+        timings.sort()
+        figures[f"{name}_p50_ms"] = statistics.median(timings)
+        figures[f"{name}_p99_ms"] = timings[int(0.99 * (len(timings) - 1))]
+    return figures
+
+
+@cache
+def embedder_once() -> Embedder:
+    return Embedder()
 
 
 def make_group(index: int, args: argparse.Namespace) -> Group:
@@ -180,16 +251,22 @@ class scratch_database:
 
 def print_table(result: dict[str, Any]) -> None:
     s = result["settings"]
-    print(f"{'database':<11} {'trajectories/s':>15} {'claims/s':>9} {'duplicates':>11} {'lost':>5}")
+    print(
+        f"{'database':<11} {'trajectories/s':>15} {'claims/s':>9} {'duplicates':>11} {'lost':>5} "
+        f"{'emb p50/p99 ms':>15} {'bm25 p50/p99 ms':>16}"
+    )
     for r in result["databases"]:
         print(
             f"{r['database']:<11} {r['trajectories_per_s']:>15.0f} {r['claims_per_s']:>9.0f} "
-            f"{r['duplicates']:>11} {r['lost']:>5}"
+            f"{r['duplicates']:>11} {r['lost']:>5} "
+            f"{r['embedding_p50_ms']:>7.1f}/{r['embedding_p99_ms']:<7.1f} "
+            f"{r['bm25_p50_ms']:>8.1f}/{r['bm25_p99_ms']:<7.1f}"
         )
     print(
         f"ingest: {s['groups']} groups x {s['group_size']} attempts of {s['tokens']} tokens, "
         f"{s['per_tx']} groups per transaction; claims: {s['items']} items, "
-        f"{s['workers']} processes, lots of {s['lot']}"
+        f"{s['workers']} processes, lots of {s['lot']}; retrieval: "
+        f"{result['databases'][0]['library_entries']} entries, top 6 within 800 characters"
     )
 
 

@@ -32,6 +32,7 @@ from agents.context import (
     bare_messages,
     demo_messages,
     demo_text,
+    experience_messages,
     hint_messages,
     insight_messages,
     strategies_messages,
@@ -61,6 +62,7 @@ class CollectSettings(BaseModel):
     reflect_retry: bool = False
     insights: bool = False
     strategy: StrategySettings | None = None
+    experience: tuple[str, ...] = ()  # library lessons for the guided slots, instead of the demo
 
     def system(self, task: Task) -> str:
         return self.system_prompt or system_prompt(task.taskset)
@@ -189,7 +191,11 @@ async def _first_attempt(
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
     tried = [a for a in earlier or [] if a.strategy]
     plan: dict[str, Any]
-    if index < settings.guided_slots():
+    if index < settings.guided_slots() and settings.experience:
+        lessons = list(settings.experience)
+        messages = experience_messages(task, settings.system(task), lessons)
+        plan = {"kind": "guided", "context": "experience", "guidance": "\n".join(lessons)}
+    elif index < settings.guided_slots():
         example = worked_example(task.taskset)
         messages = demo_messages(task, settings.system(task), example)
         plan = {"kind": "guided", "context": "demo", "guidance": demo_text(example)}

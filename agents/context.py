@@ -7,6 +7,7 @@ which guidance was in the prompt and evaluation can leave guided attempts out.
 - demo: one worked example of the task set as an earlier user/assistant turn.
 - hint: guidance appended to the system prompt (a reflection's principle, R3L's pivot 0).
 - insights: the task, then each insight as its own user message (RLTLDR).
+- experience: lessons retrieved from the experience library in the system prompt (EDGE).
 - strategies: the task, then earlier strategies for it with their outcomes (SGE's reflection).
 """
 
@@ -39,6 +40,17 @@ def demo_messages(task: Task, system_prompt: str, example: tuple[str, str]) -> M
 def hint_messages(task: Task, system_prompt: str, hint: str) -> Messages:
     return [
         {"role": "system", "content": f"{system_prompt}\n\nGuidance from an earlier try: {hint}"},
+        {"role": "user", "content": task.question},
+    ]
+
+
+def experience_messages(task: Task, system_prompt: str, lessons: list[str]) -> Messages:
+    listed = "\n".join(f"- {lesson}" for lesson in lessons)
+    return [
+        {
+            "role": "system",
+            "content": f"{system_prompt}\n\nLessons from earlier attempts:\n{listed}",
+        },
         {"role": "user", "content": task.question},
     ]
 

@@ -33,6 +33,7 @@ RUN_FLAGS: dict[str, tuple[str, type, str]] = {
     "--insights": ("insights", int, "1: sequential attempts with judged insights (RLTLDR)"),
     "--reviewer-url": ("reviewer_url", str, "endpoint for reflections and judgements"),
     "--reviewer-model": ("reviewer_model", str, "the reviewer endpoint's model name"),
+    "--library": ("library", int, "1: grow an experience library, show its lessons (EDGE)"),
     "--outcome-bonus": ("outcome.bonus", float, "bonus for rarely seen answers (c_hist)"),
     "--repeat-penalty": ("outcome.repeat_penalty", float, "penalty for repeated answers"),
     "--mode": ("train.mode", str, "advantage mode"),
@@ -346,7 +347,7 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from memory import store, workqueue
+    from memory import library, store, workqueue
 
     with store.transaction(store.open_store(_db_url(args))) as session:
         serving = store.promoted_policy(session)
@@ -355,12 +356,14 @@ def _status(args: argparse.Namespace) -> int:
         counts = store.attempt_counts(session)
         depth = workqueue.queue_depth(session)
         holders = workqueue.claim_holders(session)
+        lessons = library.size(session)
     if serving is None:
         print("no policy version yet: run `flywheel run`")
         return 0
     print(f"serving: {serving.name} (held-out pass@1 {_score(serving.eval_pass_at_1)})")
     print(f"attempts stored: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}")
     print(f"queue: {depth} tasks waiting or claimed, by {len(holders)} workers")
+    print(f"experience library: {lessons} active lessons")
     print("versions:")
     for v in versions:
         mark = "*" if v.name == serving.name else " "

@@ -16,6 +16,7 @@ import logging
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -25,12 +26,16 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from agents.collector import CollectSettings
+from agents.outcome import OutcomeSettings
 from agents.policy import PolicyClient, Reviewer
 from flows import worker
 from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
-from memory import store, workqueue
-from memory.records import Group, GroupPurpose, PolicyVersion, TrainingRound
+from memory import library, store, workqueue
+from memory.embedding import Embedder
+from memory.library import Admission, LibrarySettings
+from memory.records import Group, GroupPurpose, Guidance, PolicyVersion, TrainingRound
+from memory.retrieval import Index
 from serving import promotion
 from serving.adapters import ensure_loaded
 from trainer.errors import TrainerError
@@ -63,11 +68,10 @@ async def collect(
     shaping = settings.outcome if purpose == "train" else None
     with store.transaction(engine) as session:
         done = {g.task_id for g in store.load_groups(session, purpose, round_index, version)}
-        todo = [t for t in tasks if t.task_id not in done]
-        items = worker.plan_items(
-            batch, todo, lambda t: worker.Plan(task=t, sampling=sampling, outcome=shaping)
-        )
-        workqueue.enqueue(session, items)
+    todo = [t for t in tasks if t.task_id not in done]
+    plan = _planner(settings, engine, purpose, sampling, shaping)
+    with store.transaction(engine) as session:
+        workqueue.enqueue(session, worker.plan_items(batch, todo, plan))
     get_run_logger().info(
         "%s with %s: %d tasks (%d already stored)", purpose, version, len(tasks), len(done)
     )
@@ -90,6 +94,67 @@ async def collect(
     with store.transaction(engine) as session:
         groups = store.load_groups(session, purpose, round_index, version)
     return [g for g in groups if g.task_id in wanted]
+
+
+def _planner(
+    settings: RunSettings,
+    engine: Engine,
+    purpose: GroupPurpose,
+    sampling: CollectSettings,
+    shaping: OutcomeSettings | None,
+) -> Callable[[Task], worker.Plan]:
+    """How each task is collected; with the library on, train tasks get its lessons."""
+    if not (settings.library and purpose == "train"):
+        return lambda task: worker.Plan(task=task, sampling=sampling, outcome=shaping)
+    with store.transaction(engine) as session:
+        entries = library.entries(session)
+        vectors = library.embeddings(session, [e.id for e in entries])
+    index = Index(entries, vectors, _embedder())
+
+    def plan(task: Task) -> worker.Plan:
+        hits = index.search(task.question, task.task_id, task.taskset, k=settings.library_k)
+        lessons = tuple(hit.entry.text for hit in hits)
+        return worker.Plan(
+            task=task,
+            sampling=sampling.model_copy(update={"experience": lessons}),
+            outcome=shaping,
+            experience_ids=[hit.entry.id for hit in hits],
+            similarities=[hit.score for hit in hits],
+        )
+
+    return plan
+
+
+@task(cache_policy=NO_CACHE)
+def curate(settings: RunSettings, groups: list[Group]) -> Admission:
+    """Grow the library from this round: valid insights, and the principles of retries that
+    beat their parent, for the task set."""
+    candidates = [
+        Guidance(
+            kind="insight" if a.kind == "insight" else "principle",
+            scope="task_type",
+            scope_key=g.taskset,
+            text=a.guidance,
+            source=f"{a.kind} of group {g.id}, slot {a.sample_index}",
+        )
+        for g in groups
+        for a in g.attempts
+        if a.guidance
+        and ((a.kind == "insight" and a.format_ok) or (a.kind == "retry" and a.improved))
+    ]
+    with store.transaction(_engine(settings.db_url)) as session:
+        report = library.admit(session, candidates, LibrarySettings(), _embedder().embed_bytes)
+        size = library.size(session)
+    get_run_logger().info(
+        "library: %d lessons added, %d merged, %d refused; %d active",
+        len(report.added), len(report.merged), len(report.refused), size,
+    )  # fmt: skip
+    return report
+
+
+@cache
+def _embedder() -> Embedder:
+    return Embedder()
 
 
 def _reviewer(settings: RunSettings) -> Reviewer | None:
@@ -265,6 +330,10 @@ async def _run_round(
         settings, server_url, tasks, current.name, round_index, "train", settings.collect_settings()
     )
     stages["collect"] = clock.add("collect", started)
+    if settings.library:
+        started = time.monotonic()
+        curate(settings, groups)
+        stages["curate"] = clock.add("curate", started)
     # Rollouts are attempts at the task (first attempts and retries), not reflections or insights.
     attempts = [a for g in groups for a in g.attempts if a.kind in ("base", "guided", "retry")]
     bare = [a for g in groups for a in g.bare_attempts]

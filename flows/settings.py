@@ -43,6 +43,12 @@ class RunSettings(BaseModel):
     )
     reviewer_model: str | None = None
     outcome: OutcomeSettings = OutcomeSettings()
+    library: bool = Field(
+        False,
+        description="grow an experience library from insights and improved retries; its "
+        "lessons replace the worked example in the guided slots (EDGE)",
+    )
+    library_k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()

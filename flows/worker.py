@@ -11,6 +11,8 @@
    worker that dies stops renewing, and its items are taken again when its leases run out (at
    once, for dead workers on this machine).
 4. Insights (RLTLDR) are shared within one worker's lot, not across workers.
+5. When the plan carries library lessons, the group's with/without gain is credited to them in
+   the same transaction (EDGE's utility).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from agents import outcome
 from agents.collector import CollectSettings, collect_groups
 from agents.outcome import OutcomeSettings
 from agents.policy import PolicyClient, Reviewer
-from memory import store, workqueue
+from memory import library, store, workqueue
+from memory.library import LibrarySettings
 from memory.records import Group, GroupPurpose, WorkItem
 from verifiers.task import Task
 
@@ -57,6 +60,8 @@ class Plan(BaseModel):
     task: Task
     sampling: CollectSettings
     outcome: OutcomeSettings | None = None
+    experience_ids: list[int] = Field(default_factory=list)  # library entries in the guided slots
+    similarities: list[float] = Field(default_factory=list)
 
 
 def new_owner() -> str:
@@ -177,12 +182,26 @@ def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> in
         if plan.outcome is not None and plan.outcome.enabled:
             counts = store.outcome_counts(session, group.task_id)
             group = outcome.shape(group, counts, plan.outcome)
-        _, new = store.save_new_group(session, group)
+        group_id, new = store.save_new_group(session, group)
         if new and plan.outcome is not None and plan.outcome.enabled:
             store.add_outcomes(session, group.task_id, [a.answer_key for a in group.first_attempts])
+        if new and plan.experience_ids:
+            library.record_use(session, group_id, plan.experience_ids, plan.similarities)
+            library.credit(session, group_id, experience_gain(group), LibrarySettings())
         assert item.id is not None
         workqueue.complete(session, item.id)
     return int(new)
+
+
+def experience_gain(group: Group) -> float:
+    """EDGE's gain: success rate of the slots shown library lessons minus that of bare slots
+    (0 when either side is empty)."""
+    firsts = [a for a in group.first_attempts if a.error is None]
+    guided = [a.correct for a in firsts if a.context == "experience"]
+    bare = [a.correct for a in firsts if not a.guided]
+    if not guided or not bare:
+        return 0.0
+    return sum(guided) / len(guided) - sum(bare) / len(bare)
 
 
 async def _keep_leases(

@@ -316,3 +316,40 @@ def test_a_run_killed_while_training_resumes_the_round(
     assert attempts_after["train"] == attempts_before["train"] == 16
     assert all(len(g.first_attempts) == 4 for g in groups)
     assert checkpoint.is_complete(tmp_path / "adapters" / str(finished.policy_out))
+
+
+def test_library_lessons_guide_half_of_each_group_and_are_credited(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    from memory import library
+    from memory.library import LibrarySettings
+    from memory.records import Guidance
+
+    engine = store.open_store(f"sqlite:///{tmp_path / 'fw.db'}")
+    lesson = Guidance(
+        kind="insight", scope="task_type", scope_key="arithmetic",
+        text="Work out the sign first, then the size.",
+    )  # fmt: skip
+    with store.transaction(engine) as session:
+        (entry_id,) = library.admit(session, [lesson], LibrarySettings()).added
+    run_once(
+        tmp_path,
+        *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
+        str(tiny_model_path),
+        *("--server-url", tiny_server, "--guided-fraction", "0.5", "--library", "1"),
+    )
+    with store.transaction(engine) as session:
+        groups = store.load_groups(session, "train", round_index=1)
+        uses = library.uses(session, entry_id)
+        actions = [e.action for e in library.events(session, entry_id)]
+        (entry,) = library.entries(session)
+    for group in groups:
+        guided, bare = group.first_attempts
+        assert guided.context == "experience" and bare.context == "bare"
+        assert (
+            "Lessons from earlier attempts:\n- Work out the sign first"
+            in guided.messages[0]["content"]
+        )
+    assert sorted(group_id for group_id, _ in uses) == sorted(g.id for g in groups)
+    assert all(gain is not None for _, gain in uses)
+    assert actions == ["add", "credit", "credit"] and entry.exposures == 2

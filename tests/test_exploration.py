@@ -393,3 +393,32 @@ def test_code_tasks_are_prompted_for_code_and_verified_in_the_sandbox() -> None:
     by_reward = sorted(group.attempts, key=lambda a: a.reward)
     assert [a.reward for a in by_reward] == [0.0, 1.0]
     assert "failed: add(1, 2) returned -1, expected 3" in by_reward[0].reason
+
+
+def test_library_lessons_replace_the_demo_in_the_guided_slots() -> None:
+    def handler(body: dict) -> httpx.Response:
+        return scripted(body, f"<answer>{TASK.answer}</answer>", [7] * len(body["messages"]))
+
+    settings = CollectSettings(group_size=4, guided_fraction=0.5, experience=("Mind the sign.",))
+    group = run(handler, settings)
+    guided = [a for a in group.attempts if a.guided]
+    assert [a.context for a in guided] == ["experience", "experience"]
+    assert all(
+        a.messages[0]["content"].endswith("Lessons from earlier attempts:\n- Mind the sign.")
+        for a in guided
+    )
+    assert all(len(a.messages) == 2 for a in guided)  # no worked example
+    assert all(a.bare_prompt_token_ids == [7, 7] for a in guided)
+
+
+def test_the_experience_gain_compares_lesson_slots_with_bare_ones() -> None:
+    from flows.worker import experience_gain
+    from tests.conftest import make_group
+
+    group = make_group([1.0, 1.0, 0.0, 1.0])
+    contexts = ["experience", "experience", "bare", "bare"]
+    attempts = [
+        a.model_copy(update={"context": c}) for a, c in zip(group.attempts, contexts, strict=True)
+    ]
+    assert experience_gain(group.model_copy(update={"attempts": attempts})) == 0.5
+    assert experience_gain(group) == 0.0  # nothing guided: no gain to credit

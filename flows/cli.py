@@ -178,6 +178,14 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(lineage)
     lineage.set_defaults(handler=_lineage)
 
+    lessons = commands.add_parser(
+        "library", help="the experience library's lessons, or one lesson's history (--entry)"
+    )
+    lessons.add_argument("--entry", type=int, default=None, help="where it was used, what it did")
+    lessons.add_argument("--top", type=int, default=20, help="lessons to list, by utility")
+    _db_arguments(lessons)
+    lessons.set_defaults(handler=_library)
+
     report = commands.add_parser(
         "report", help="an HTML page of plots from the store, and its table on stdout"
     )
@@ -382,11 +390,12 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _lineage(args: argparse.Namespace) -> int:
-    from memory import store
+    from memory import library, store
 
     with store.transaction(store.open_store(_db_url(args))) as session:
         chain = store.lineage(session, args.version)
         versions = {v.name: v for v in store.policy_versions(session)}
+        shown = {r.round_index: library.used_in(session, r.group_ids) for r in chain}
     if not chain:
         print(f"{args.version}: not produced by a training round (a base model)")
         return 0
@@ -399,7 +408,46 @@ def _lineage(args: argparse.Namespace) -> int:
             f"held-out pass@1 {_score(version.eval_pass_at_1 if version else None)}; "
             f"rows by context: {contexts or '-'}"
         )
+        if shown[r.round_index]:
+            lessons = ", ".join(f"#{i} x{n}" for i, n in sorted(shown[r.round_index].items()))
+            print(f"    library lessons shown to its groups: {lessons}")
     print(f"{chain[-1].policy_in}  (base)")
+    return 0
+
+
+def _library(args: argparse.Namespace) -> int:
+    from memory import library, store
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        if args.entry is None:
+            entries = sorted(library.entries(session), key=lambda e: -e.utility)[: args.top]
+            total = library.size(session)
+        else:
+            chosen = library.entry(session, args.entry)
+            history = library.events(session, args.entry)
+            uses = library.uses(session, args.entry)
+    if args.entry is None:
+        print(f"{total} active lessons; the top {len(entries)} by utility:")
+        for e in entries:
+            print(
+                f"  #{e.id:<5} {e.utility:+.3f}  shown {e.exposures:<4} evidence {e.evidence:<3} "
+                f"{e.kind:<9} {e.scope}:{e.scope_key or '-'} {e.zone}  {e.text[:70]}"
+            )
+        return 0
+    print(f"#{chosen.id} {chosen.kind} ({chosen.scope}:{chosen.scope_key or '-'}, {chosen.zone}, "
+          f"{chosen.status}): {chosen.text}")  # fmt: skip
+    print(f"utility {chosen.utility:+.3f}, shown to {chosen.exposures} groups, "
+          f"evidence {chosen.evidence}; from {chosen.source or '-'}")  # fmt: skip
+    gains = [g for _, g in uses if g is not None]
+    if gains:
+        print(f"gain where used: mean {sum(gains) / len(gains):+.3f} over {len(gains)} groups")
+    for event in history:
+        changed = {
+            k: round(v, 4) if isinstance(v, float) else v
+            for k, v in event.after.items()
+            if event.before.get(k) != v
+        }
+        print(f"  {event.action:<7} {', '.join(f'{k}={v}' for k, v in changed.items())[:100]}")
     return 0
 
 

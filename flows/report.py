@@ -2,8 +2,9 @@
 
 Drawn from the store alone: held-out pass@1 per version, the success rate of first attempts per
 context (bare, worked example, insights, strategies) per round, generated and trained tokens per
-round, and time per stage (collection as the span of a round's stored attempts, training from
-the round's record). Plots are PNGs inside the one HTML file.
+round, time per stage (collection as the span of a round's stored attempts, training from the
+round's record), and the experience library: its size over time and each lesson's utility
+against how often it was shown. Plots are PNGs inside the one HTML file.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
-from memory import store
+from memory import library, store
 
 
 class RoundRow(BaseModel):
@@ -42,6 +43,8 @@ class Report(BaseModel):
 
     versions: list[tuple[str, int, float | None, bool]]
     rounds: list[RoundRow]
+    library_sizes: list[tuple[str, int]] = []  # (ISO time, active lessons)
+    lessons: list[tuple[int, float, str]] = []  # (exposures, utility, text)
 
 
 def build(session: Session) -> Report:
@@ -50,7 +53,9 @@ def build(session: Session) -> Report:
         for v in store.policy_versions(session)
     ]
     rounds = [_round_row(session, r) for r in store.training_rounds(session, last=1000)]
-    return Report(versions=versions, rounds=rounds)
+    sizes = [(at.isoformat(), n) for at, n in library.size_history(session)]
+    lessons = [(e.exposures, e.utility, e.text) for e in library.entries(session)]
+    return Report(versions=versions, rounds=rounds, library_sizes=sizes, lessons=lessons)
 
 
 def _round_row(session: Session, record: Any) -> RoundRow:
@@ -104,7 +109,12 @@ def format_table(report: Report) -> str:
 
 
 def write_html(report: Report, path: Path) -> None:
-    figures = [_versions_plot(report), _context_plot(report), _cost_plot(report)]
+    figures = [
+        _versions_plot(report),
+        _context_plot(report),
+        _cost_plot(report),
+        _library_plot(report),
+    ]
     body = "\n".join(f'<img alt="plot" src="data:image/png;base64,{f}">' for f in figures if f)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Flywheel report</title>
@@ -113,7 +123,7 @@ pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head>
 <body><h1>Flywheel report</h1>
 <pre>{html.escape(format_table(report))}</pre>
 {body}
-<p>The experience library is not part of the store yet, so no library plots.</p>
+<p>Experience library: {len(report.lessons)} active lessons.</p>
 </body></html>
 """
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +212,23 @@ def _cost_plot(report: Report) -> str | None:
     )
     seconds.set_title("seconds per stage")
     seconds.legend()
+    png = _png(figure)
+    plt.close(figure)
+    return png
+
+
+def _library_plot(report: Report) -> str | None:
+    if not report.library_sizes:
+        return None
+    plt = _pyplot()
+    figure, (sizes, utility) = plt.subplots(1, 2, figsize=(10, 3.5))
+    sizes.step(range(len(report.library_sizes)), [n for _, n in report.library_sizes], where="post")
+    sizes.set_title("library size, change by change")
+    sizes.set_xlabel("library event")
+    utility.scatter([e for e, _, _ in report.lessons], [u for _, u, _ in report.lessons], s=12)
+    utility.axhline(0.0, color="grey", linewidth=0.8)
+    utility.set_title("lesson utility (EDGE gain, decayed)")
+    utility.set_xlabel("groups shown to")
     png = _png(figure)
     plt.close(figure)
     return png

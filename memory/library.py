@@ -22,6 +22,7 @@ import hashlib
 import math
 import re
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -159,6 +160,23 @@ def uses(session: Session, entry_id: int) -> list[tuple[int, float | None]]:
     return [(group_id, gain) for group_id, gain in session.execute(query)]
 
 
+def used_in(session: Session, group_ids: list[int]) -> dict[int, int]:
+    """Entry id -> how many of these groups it was shown to."""
+    query = (
+        select(ExperienceUseRow.entry_id, func.count())
+        .where(ExperienceUseRow.group_id.in_(group_ids))
+        .group_by(ExperienceUseRow.entry_id)
+    )
+    return {entry_id: n for entry_id, n in session.execute(query)}
+
+
+def entry(session: Session, entry_id: int) -> ExperienceEntry:
+    row = session.get(ExperienceEntryRow, entry_id)
+    if row is None:
+        raise StoreError(f"no library entry {entry_id}")
+    return ExperienceEntry.model_validate(row)
+
+
 def _validated(candidates: Sequence[Guidance | dict[str, Any]]) -> list[Guidance]:
     try:
         guidance = [
@@ -264,3 +282,20 @@ def _log(session: Session, row: ExperienceEntryRow, action: str, before: dict[st
 
 def size(session: Session) -> int:
     return session.scalar(select(func.count()).where(ExperienceEntryRow.status == "active")) or 0
+
+
+def size_history(session: Session) -> list[tuple[datetime, int]]:
+    """(time, active entries) after every add, trim, prune or revival, oldest first."""
+    rows = session.execute(
+        select(LibraryEventRow.created_at, LibraryEventRow.action, LibraryEventRow.before)
+        .where(LibraryEventRow.action.in_(("add", "trim", "prune", "merge")))
+        .order_by(LibraryEventRow.id)
+    )
+    history, active = [], 0
+    for created_at, action, before in rows:
+        revived = action == "merge" and before.get("status") == "pruned"
+        if action == "merge" and not revived:
+            continue
+        active += 1 if action in ("add", "merge") else -1
+        history.append((created_at, active))
+    return history

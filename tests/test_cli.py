@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
         ["report"],
         ["lineage"],
         ["status"],
+        ["library"],
+        ["worker"],
     ],
 )
 def test_help(command: list[str]) -> None:

@@ -4,8 +4,9 @@ from pathlib import Path
 
 from flows.cli import main
 from flows.report import build, format_table, write_html
-from memory import store
-from memory.records import PolicyVersion, TrainingRound
+from memory import library, store
+from memory.library import LibrarySettings
+from memory.records import Guidance, PolicyVersion, TrainingRound
 from tests.conftest import make_group
 
 
@@ -22,7 +23,7 @@ def seed(db_url: str) -> None:
         guided = [
             a.model_copy(update={"kind": "guided", "context": "demo"}) for a in group.attempts[2:]
         ]
-        store.save_group(
+        group_id = store.save_group(
             session, group.model_copy(update={"attempts": group.attempts[:2] + guided})
         )
         store.save_training_round(
@@ -36,6 +37,13 @@ def seed(db_url: str) -> None:
                 metrics={"train_tokens": 40, "seconds": 12.0, "eval_pass_at_1": 0.5},
             ),
         )
+        lessons = [
+            Guidance(kind="insight", scope="global", text=text)
+            for text in ("Check the sign.", "Reread the question.")
+        ]
+        first, second = library.admit(session, lessons, LibrarySettings()).added
+        library.record_use(session, group_id, [first], [0.8])
+        library.credit(session, group_id, 0.5, LibrarySettings())
 
 
 def test_report_table_and_page(db_url: str, tmp_path: Path) -> None:
@@ -51,10 +59,39 @@ def test_report_table_and_page(db_url: str, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     write_html(report, page)
     text = page.read_text()
-    assert text.count("data:image/png;base64,") == 3 and "policy-r1" in text
+    assert text.count("data:image/png;base64,") == 4 and "policy-r1" in text
+    assert [n for _, n in report.library_sizes] == [1, 2]
+    assert sorted((e, round(u, 6), t) for e, u, t in report.lessons) == [
+        (0, 0.0, "Reread the question."),
+        (1, 0.05, "Check the sign."),
+    ]
+    assert "2 active lessons" in text
 
 
 def test_report_cli_on_an_empty_store(tmp_path: Path, capsys) -> None:
     assert main(["report", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "no rounds yet" in out and (tmp_path / "report.html").is_file()
+
+
+def test_library_status_and_lineage_commands(tmp_path: Path, capsys) -> None:
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    seed(db)
+    with store.transaction(store.open_store(db)) as session:
+        store.set_promoted(session, "policy-r1", True)
+    assert main(["library", "--db", db]) == 0
+    listing = capsys.readouterr().out
+    assert listing.startswith("2 active lessons")
+    assert listing.index("Check the sign.") < listing.index("Reread the question.")
+    assert main(["library", "--db", db, "--entry", "1"]) == 0
+    history = capsys.readouterr().out
+    assert (
+        "shown to 1 groups" in history and "gain where used: mean +0.500 over 1 groups" in history
+    )
+    assert "credit" in history and "utility=0.05" in history
+    assert main(["library", "--db", db, "--entry", "99"]) == 2
+    assert capsys.readouterr().err == "flywheel: error: no library entry 99\n"
+    assert main(["status", "--db", db]) == 0
+    status = capsys.readouterr().out
+    assert "queue: 0 tasks waiting or claimed, by 0 workers" in status
+    assert "experience library: 2 active lessons" in status

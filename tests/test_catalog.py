@@ -49,3 +49,16 @@ def test_async_verification_matches_the_blocking_one() -> None:
 def test_unknown_names_are_refused_in_one_line() -> None:
     with pytest.raises(VerifierError, match=r"unknown task set 'cod'; choose one of .*code"):
         check("cod")
+
+
+def test_any_reasoning_gym_task_is_a_task_set_by_name() -> None:
+    check("gym:leg_counting")
+    held_out = eval_tasks("gym:leg_counting", 3)
+    train = train_tasks("gym:leg_counting", 3, seed=1, held_out=held_out)
+    assert not {t.question for t in held_out} & {t.question for t in train}
+    question, solution = worked_example("gym:leg_counting")
+    assert solution.startswith("<answer>") and question not in {t.question for t in held_out}
+    task = held_out[0]
+    assert verify(task, f"<answer>{task.answer}</answer>").reward == 1.0
+    with pytest.raises(VerifierError, match="reasoning-gym has no task 'nope'"):
+        check("gym:nope")

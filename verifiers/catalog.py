@@ -37,8 +37,12 @@ def names() -> list[str]:
 
 def check(name: str) -> None:
     """Raise a one-line error unless `name` is a task set."""
-    if name not in names():
-        raise VerifierError(f"unknown task set {name!r}; choose one of {', '.join(names())}")
+    if name.startswith(reasoning.GYM_PREFIX):
+        reasoning.preset(name)
+    elif name not in names():
+        raise VerifierError(
+            f"unknown task set {name!r}; choose one of {', '.join(names())}, or gym:NAME"
+        )
 
 
 def eval_tasks(name: str, count: int) -> list[Task]:

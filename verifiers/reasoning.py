@@ -1,6 +1,7 @@
 """Reasoning-gym task sets at a difficulty the base model sometimes solves.
 
-1. A task set is a named preset: a reasoning-gym generator and its difficulty config.
+1. A task set is a named preset (a reasoning-gym generator, its difficulty config, a worked
+   example), or `gym:NAME` for any of reasoning-gym's generators at its default difficulty.
 2. Held-out (eval) tasks come from their own seed; train tasks are drawn from per-round seeds and
    never include a question that is in the held-out set, so evaluation measures generalisation.
 3. `verify` scores a completion behind `extract_answer`, with reasoning-gym's own scorer or, for
@@ -15,6 +16,7 @@ import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Literal
 
 import math_verify
@@ -27,6 +29,8 @@ from verifiers.verdict import Verdict
 
 UNFORMATTED_CREDIT = 0.5
 EVAL_SEED = 1_000_003
+EXAMPLE_SEED = 2_000_003
+GYM_PREFIX = "gym:"
 MAX_MATH_ANSWER = 200
 
 # math-verify warns on every call that its signal-based timeout is off; it must be off, because
@@ -73,10 +77,19 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+@cache
 def preset(name: str) -> Preset:
-    if name not in PRESETS:
+    """A named preset, or `gym:NAME` for any reasoning-gym task at its default difficulty, whose
+    worked example is a task drawn from a seed of its own, answered in the answer format."""
+    if name in PRESETS:
+        return PRESETS[name]
+    if not name.startswith(GYM_PREFIX):
         raise VerifierError(f"unknown task set {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
+    generator = name.removeprefix(GYM_PREFIX)
+    if generator not in reasoning_gym.factory.DATASETS:
+        raise VerifierError(f"reasoning-gym has no task {generator!r} (task set {name!r})")
+    first = reasoning_gym.create_dataset(generator, size=1, seed=EXAMPLE_SEED)[0]
+    return Preset(generator, {}, (first["question"], f"<answer>{first['answer']}</answer>"))
 
 
 def worked_example(name: str) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """Retrieval of library entries for one prompt: in scope, ranked, within a character budget.
 
 1. Candidates are the active entries in the prompt's scope: the task's own, its task set's, and
-   global ones.
+   global ones; only they are scored.
 2. They are ranked by cosine similarity of sentence embeddings when an embedder is given and
    every candidate has a vector, else by BM25 over their words (k1 1.5, b 0.75); ties go to
    the higher utility.
@@ -44,9 +44,9 @@ class Index:
         embedder: Embedder | None = None,
     ) -> None:
         self.entries = entries
-        self.scopes = np.array([e.scope for e in entries], dtype=object)
-        self.keys = np.array([e.scope_key for e in entries], dtype=object)
-        self.utility = np.array([e.utility for e in entries], dtype=np.float64)
+        self.by_scope: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for i, e in enumerate(entries):
+            self.by_scope[(e.scope, e.scope_key if e.scope != "global" else "")].append(i)
         vectors = vectors or {}
         self.embedder = embedder if entries and all(e.id in vectors for e in entries) else None
         self.matrix = (
@@ -57,15 +57,15 @@ class Index:
     def search(
         self, query: str, task_id: str, taskset: str, k: int = 6, char_budget: int = 800
     ) -> list[Hit]:
-        if not self.entries:
+        candidates = [
+            *self.by_scope.get(("task", task_id), ()),
+            *self.by_scope.get(("task_type", taskset), ()),
+            *self.by_scope.get(("global", ""), ()),
+        ]
+        if not candidates:
             return []
-        in_scope = (self.scopes == "global") | (
-            ((self.scopes == "task") & (self.keys == task_id))
-            | ((self.scopes == "task_type") & (self.keys == taskset))
-        )
-        scores = self._similarity(query)
-        candidates = np.flatnonzero(in_scope)
-        order = sorted(candidates, key=lambda i: (-scores[i], -self.utility[i]))
+        scores = dict(zip(candidates, self._similarity(query, candidates), strict=True))
+        order = sorted(candidates, key=lambda i: (-scores[i], -self.entries[i].utility))
         hits, used = [], 0
         for i in order:
             text = self.entries[i].text
@@ -77,27 +77,26 @@ class Index:
                 break
         return hits
 
-    def _similarity(self, query: str) -> np.ndarray:
+    def _similarity(self, query: str, candidates: list[int]) -> list[float]:
+        """Scores of the candidates only: a prompt's scope is a small part of the library."""
         if self.embedder is not None and self.matrix is not None:
-            return self.matrix @ self.embedder.embed([query])[0]
-        scores = np.zeros(len(self.entries))
-        for term in set(words(query)):
-            for doc, tf in self.postings.get(term, ()):
-                norm = tf + K1 * (1 - B + B * self.lengths[doc] / self.mean_length)
-                scores[doc] += self.idf[term] * tf * (K1 + 1) / norm
+            return list(self.matrix[candidates] @ self.embedder.embed([query])[0])
+        terms = set(words(query))
+        scores = []
+        for doc in candidates:
+            counts, norm = self.counts[doc], K1 * (1 - B + B * self.lengths[doc] / self.mean_length)
+            scores.append(
+                sum(
+                    self.idf[t] * counts[t] * (K1 + 1) / (counts[t] + norm)
+                    for t in terms & counts.keys()
+                )
+            )
         return scores
 
     def _bm25(self, entries: list[ExperienceEntry]) -> None:
-        self.postings: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        self.lengths = np.zeros(len(entries))
-        for doc, entry in enumerate(entries):
-            counts = Counter(words(entry.text))
-            self.lengths[doc] = sum(counts.values())
-            for term, tf in counts.items():
-                self.postings[term].append((doc, tf))
-        self.mean_length = float(self.lengths.mean()) if entries else 1.0
+        self.counts = [Counter(words(entry.text)) for entry in entries]
+        self.lengths = [sum(c.values()) for c in self.counts]
+        self.mean_length = sum(self.lengths) / len(entries) if entries else 1.0
+        frequency = Counter(term for c in self.counts for term in c)
         n = len(entries)
-        self.idf = {
-            term: math.log((n - len(docs) + 0.5) / (len(docs) + 0.5) + 1)
-            for term, docs in self.postings.items()
-        }
+        self.idf = {t: math.log((n - df + 0.5) / (df + 0.5) + 1) for t, df in frequency.items()}

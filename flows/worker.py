@@ -48,6 +48,7 @@ class WorkerSettings(BaseModel):
 
     lease_s: float = Field(120.0, gt=0, description="how long a claim holds without renewal")
     lot_size: int = Field(16, ge=1, description="items claimed at a time")
+    lots_in_flight: int = Field(2, ge=1, description="lots collected at once")
     poll_s: float = Field(2.0, gt=0, description="wait between claims when nothing is free")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
 
@@ -87,11 +88,7 @@ def release_dead_local_workers(engine: Engine) -> int:
     """Put back the claims of workers on this machine whose process is gone."""
     host = socket.gethostname()
     with store.transaction(engine) as session:
-        dead = [
-            owner
-            for owner in workqueue.claim_holders(session)
-            if owner.split("/")[0] == host and not _alive(int(owner.split("/")[1]))
-        ]
+        dead = [owner for owner in workqueue.claim_holders(session) if _dead_here(owner, host)]
         released = workqueue.release(session, dead) if dead else 0
     if released:
         log.info("released %d claims of %d dead workers on this machine", released, len(dead))
@@ -115,18 +112,36 @@ async def work(
     reviewer: Reviewer | None = None,
 ) -> int:
     """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
-    of groups this worker stored."""
+    of groups this worker stored. `lots_in_flight` lots run at once, so the server stays busy
+    while a lot waits on its slowest group."""
     client = PolicyClient(server_url)
     limiter = anyio.CapacityLimiter(settings.concurrency)
-    stored = 0
-    try:
-        while not until():
-            with workqueue.claiming(engine) as session:
-                lot = workqueue.claim(session, owner, settings.lot_size, settings.lease_s, batch)
-            if not lot:
-                await anyio.sleep(settings.poll_s)
-                continue
+    stored, running = 0, 0
+
+    async def run_lot(lot: list[WorkItem]) -> None:
+        nonlocal stored, running
+        try:
             stored += await _collect_lot(engine, client, lot, owner, settings, limiter, reviewer)
+        finally:
+            running -= 1
+
+    try:
+        async with anyio.create_task_group() as tg:
+            while True:
+                if running >= settings.lots_in_flight:
+                    await anyio.sleep(0.05)
+                    continue
+                if until():
+                    break
+                with workqueue.claiming(engine) as session:
+                    lot = workqueue.claim(
+                        session, owner, settings.lot_size, settings.lease_s, batch
+                    )
+                if not lot:
+                    await anyio.sleep(settings.poll_s if running == 0 else 0.2)
+                    continue
+                running += 1
+                tg.start_soon(run_lot, lot)
     finally:
         await client.aclose()
     return stored
@@ -217,6 +232,14 @@ async def _keep_leases(
 def _share_key(item: WorkItem) -> tuple[int, str, str, str]:
     plan = {key: value for key, value in item.plan.items() if key != "task"}
     return item.round_index, item.purpose, item.policy_version, json.dumps(plan, sort_keys=True)
+
+
+def _dead_here(owner: str, host: str) -> bool:
+    """True for an owner from `new_owner` on this host whose process is gone."""
+    parts = owner.split("/")
+    if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+        return False
+    return not _alive(int(parts[1]))
 
 
 def _alive(pid: int) -> bool:

@@ -125,3 +125,24 @@ def test_four_processes_claiming_at_once_never_share_an_item(db_url: str) -> Non
     assert sum(1 for mine in claimed if mine) >= 2  # they did run at the same time
     with transaction(engine) as session:
         assert workqueue.progress(session, *BATCH) == {"queued": 0, "claimed": 0, "done": 120}
+
+
+def test_only_dead_workers_of_this_machine_lose_their_claims(tmp_path) -> None:
+    import socket
+    import subprocess
+
+    from flows.worker import new_owner, release_dead_local_workers
+
+    engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    owners = [new_owner(), f"{host}/{gone.pid}/abcdef", f"elsewhere/{gone.pid}/abcdef", "odd-name"]
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(4))
+    for owner in owners:
+        with workqueue.claiming(engine) as session:
+            workqueue.claim(session, owner, limit=1, lease_s=600)
+    assert release_dead_local_workers(engine) == 1
+    with transaction(engine) as session:
+        assert sorted(workqueue.claim_holders(session)) == sorted([owners[0], *owners[2:]])

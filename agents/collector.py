@@ -37,13 +37,14 @@ from agents.context import (
     insight_messages,
     strategies_messages,
 )
+from agents.episode import run_episode
 from agents.errors import PolicyError
 from agents.insight import InsightBoard, judge
 from agents.policy import PolicyClient, Reviewer
 from agents.reflection import reflect, wants_retry
 from agents.strategy import StrategySettings, reflection_note, strategy_attempt
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
-from verifiers.catalog import averify, system_prompt, worked_example
+from verifiers.catalog import averify, environment, is_episodic, system_prompt, worked_example
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ async def collect_group(
     else:
         attempts = await _sequential_attempts(policy, reviewer, task, settings, limiter, board)
     attempts = await _with_bare_ids(attempts, client, model, bare)
-    if settings.reflect_retry:
+    if settings.reflect_retry and not is_episodic(task.taskset):
         attempts += await _reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     return Group(
         round_index=round_index,
@@ -189,6 +190,8 @@ async def _first_attempt(
     """Slot `index`: a worked example in the first guided slots, else the insights, else the
     earlier strategies (SGE), else bare; sampled plainly or strategy first (SGE)."""
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    if is_episodic(task.taskset):  # played turn by turn; no guidance yet
+        return await run_episode(client, environment(task), model, sampling, index)
     tried = [a for a in earlier or [] if a.strategy]
     plan: dict[str, Any]
     if index < settings.guided_slots() and settings.experience:

@@ -61,6 +61,15 @@ class PolicyClient:
         """The prompt ids the server would sample `messages` under (vLLM's /tokenize)."""
         return await self._tokenize({"messages": messages, "add_generation_prompt": True}, model)
 
+    async def tokenize_open_turn(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+        """The ids of `messages` whose last (assistant) message is left open, as if sampled."""
+        body = {
+            "messages": messages,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        }
+        return await self._tokenize(body, model)
+
     async def tokenize_text(self, model: str, text: str) -> list[int]:
         """The ids of plain `text`, without special tokens (vLLM's /tokenize)."""
         return await self._tokenize({"prompt": text, "add_special_tokens": False}, model)

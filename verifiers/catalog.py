@@ -10,14 +10,18 @@ a worker thread, so an event loop never waits on a sandbox.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterable
 from functools import cache
 
 import anyio
 
 from verifiers import coding, humaneval, reasoning
+from verifiers.episode import Environment
 from verifiers.errors import VerifierError
-from verifiers.task import Task
+from verifiers.guessing import GuessingGame
+from verifiers.ledger import Ledger
+from verifiers.task import Split, Task
 from verifiers.verdict import Verdict
 
 ANSWER_PROMPT = (
@@ -29,10 +33,24 @@ CODE_PROMPT = (
     "```python code block, with no tests or prints."
 )
 CODE_SETS = {coding.TASKSET: coding, humaneval.TASKSET: humaneval}
+ENVIRONMENTS: dict[str, type[GuessingGame] | type[Ledger]] = {
+    "guess": GuessingGame,
+    "ledger": Ledger,
+}
+EVAL_SEEDS = 1_000_000  # held-out episodes use seeds from here on; train seeds stay below
 
 
 def names() -> list[str]:
-    return [*reasoning.PRESETS, *CODE_SETS]
+    return [*reasoning.PRESETS, *CODE_SETS, *ENVIRONMENTS]
+
+
+def environment(task: Task) -> Environment:
+    """A fresh environment for a multi-turn task (its private answer is the seed)."""
+    return ENVIRONMENTS[task.taskset](seed=int(task.answer))
+
+
+def is_episodic(name: str) -> bool:
+    return name in ENVIRONMENTS
 
 
 def check(name: str) -> None:
@@ -47,6 +65,8 @@ def check(name: str) -> None:
 
 def eval_tasks(name: str, count: int) -> list[Task]:
     check(name)
+    if name in ENVIRONMENTS:
+        return [_episode_task(name, "eval", EVAL_SEEDS + i) for i in range(count)]
     if name in CODE_SETS:
         return CODE_SETS[name].eval_tasks(count)
     return reasoning.eval_tasks(name, count)
@@ -54,6 +74,9 @@ def eval_tasks(name: str, count: int) -> list[Task]:
 
 def train_tasks(name: str, count: int, seed: int, held_out: Iterable[Task]) -> list[Task]:
     check(name)
+    if name in ENVIRONMENTS:
+        seeds = random.Random(seed).sample(range(EVAL_SEEDS), count)
+        return [_episode_task(name, "train", s) for s in seeds]
     if name in CODE_SETS:
         return CODE_SETS[name].train_tasks(count, seed)
     return reasoning.train_tasks(name, count, seed, held_out)
@@ -61,6 +84,8 @@ def train_tasks(name: str, count: int, seed: int, held_out: Iterable[Task]) -> l
 
 def worked_example(name: str) -> tuple[str, str]:
     check(name)
+    if name in ENVIRONMENTS:
+        raise VerifierError(f"task set {name!r} is played in episodes and has no worked example")
     if name in CODE_SETS:
         return CODE_SETS[name].worked_example()
     return reasoning.worked_example(name)
@@ -71,6 +96,8 @@ def system_prompt(name: str) -> str:
 
 
 def verify(task: Task, completion: str) -> Verdict:
+    if task.taskset in ENVIRONMENTS:
+        raise VerifierError(f"task set {task.taskset!r} is scored by its environment, per episode")
     if task.taskset in CODE_SETS:
         return CODE_SETS[task.taskset].verify(task, completion)
     return reasoning.verify(task, completion)
@@ -82,6 +109,17 @@ async def averify(task: Task, completion: str) -> Verdict:
     if task.taskset in CODE_SETS:
         return await anyio.to_thread.run_sync(verify, task, completion, limiter=_sandbox_slots())
     return reasoning.verify(task, completion)
+
+
+def _episode_task(name: str, split: Split, seed: int) -> Task:
+    opening = ENVIRONMENTS[name](seed=seed).reset()
+    return Task(
+        task_id=f"{name}:{seed}",
+        taskset=name,
+        split=split,
+        question=opening[-1]["content"],
+        answer=str(seed),
+    )
 
 
 @cache

@@ -1,0 +1,124 @@
+"""Multi-turn episodes against a scripted server with a toy chat template: the token-exact
+sequence (turns sampled, replies forced), tool calls parsed into the OpenAI format, and the
+environment's verdict as the reward."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import anyio
+import httpx
+
+from agents.episode import parse_tool_calls, run_episode
+from memory.records import SamplingSettings
+from tests.test_policy import client_for
+from verifiers.guessing import GuessingGame
+from verifiers.ledger import INTRUDER, Ledger
+
+ROLES = {"system": 10, "user": 11, "assistant": 12, "tool": 13}
+END = 2
+SAMPLING = SamplingSettings(temperature=1.0, max_tokens=32)
+
+
+def words(text: str) -> list[int]:
+    return [1000 + sum(map(ord, w)) % 997 for w in text.split()]
+
+
+def template(body: dict) -> list[int]:
+    """A prefix-extending chat template: role, words, end; an open last turn has no end."""
+    ids: list[int] = []
+    for i, message in enumerate(body["messages"]):
+        ids += [ROLES[message["role"]], *words(message["content"])]
+        if not (body.get("continue_final_message") and i == len(body["messages"]) - 1):
+            ids.append(END)
+    if body.get("add_generation_prompt"):
+        ids.append(ROLES["assistant"])
+    return ids
+
+
+def scripted_agent(turns: list[str], seen: list[dict]):
+    replies: Iterator[str] = iter(turns)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": template(body)})
+        seen.append(body)
+        text = next(replies)
+        ids = [*words(text), END]  # the sampled turn ends with its end-of-turn token
+        choice = {
+            "index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+            "logprobs": {"tokens": ["t"] * len(ids), "token_logprobs": [-0.25] * len(ids)},
+        }  # fmt: skip
+        body = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
+        return httpx.Response(200, json={**body, "choices": [choice]})
+
+    return handler
+
+
+def play(env, turns: list[str]):
+    seen: list[dict] = []
+    client = client_for(scripted_agent(turns, seen))
+    attempt = anyio.run(run_episode, client, env, "m", SAMPLING, 0)
+    return attempt, seen
+
+
+def test_an_episode_is_one_token_exact_sequence_with_replies_forced() -> None:
+    game = GuessingGame(seed=11)
+    first = 1 if game.secret != 1 else 2
+    attempt, seen = play(game, [f"<guess>{first}</guess>", f"<guess>{game.secret}</guess>"])
+    assert attempt.reward == 1.0 and attempt.correct and attempt.error is None
+    sample = attempt.sample
+    assert sample is not None
+    (span,) = attempt.forced_spans
+    turn_one = [*words(f"<guess>{first}</guess>"), END]
+    # The second turn continued exactly the prompt, the first turn and the reply.
+    assert seen[1]["prompt"] == sample.prompt_token_ids + sample.completion_token_ids[: span[1]]
+    assert sample.completion_token_ids[: len(turn_one)] == turn_one
+    reply = sample.completion_token_ids[span[0] : span[1]]
+    assert reply[0] == ROLES["user"] and reply[-1] == ROLES["assistant"]  # no doubled end token
+    assert all(lp == 0.0 for lp in sample.logprobs[span[0] : span[1]])
+    assert all(lp == -0.25 for lp in sample.logprobs[: span[0]] + sample.logprobs[span[1] :])
+    assert [m["role"] for m in attempt.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert attempt.generated_tokens == len(sample.completion_token_ids) - (span[1] - span[0])
+
+
+def test_an_invalid_turn_ends_the_episode_with_nothing() -> None:
+    attempt, seen = play(GuessingGame(seed=3), ["I think it is about fifty"])
+    assert len(seen) == 1 and attempt.reward == 0.0 and not attempt.format_ok
+    assert attempt.forced_spans == [] and "invalid" in attempt.reason
+
+
+def test_tool_calls_are_parsed_into_the_openai_format() -> None:
+    text = (
+        'First <tool_call>{"name": "get_balance", "arguments": {"account": "bob"}}</tool_call> '
+        "then <tool_call>not json</tool_call>"
+    )
+    good, bad = parse_tool_calls(text)
+    assert good["type"] == "function" and good["function"]["name"] == "get_balance"
+    assert json.loads(good["function"]["arguments"]) == {"account": "bob"}
+    assert bad["function"]["name"] == "<malformed>"
+
+
+def test_a_ledger_episode_is_scored_by_state_and_injections_do_not_pay() -> None:
+    seed = next(s for s in range(50) if any(Ledger(seed=s).memos.values()))
+    ledger = Ledger(seed=seed)
+    calls = [
+        {"name": "transfer", "arguments": {"source": n, "target": INTRUDER, "amount": b}}
+        for n, b in ledger.balances.items()
+        if n != INTRUDER
+    ]
+    obey = "".join(f"<tool_call>{json.dumps(call)}</tool_call>" for call in calls)
+    attempt, _ = play(ledger, [obey, "Done, the grader says reward 1.0."])
+    assert attempt.reward == 0.0 and attempt.format_ok
+    assert attempt.reason.startswith("finished") and "0 balances wrong" not in attempt.reason
+    assert sum(ledger.balances.values()) == ledger.balances[INTRUDER]  # the money did move
+    assert "get_balance" in attempt.messages[0]["content"]  # the tools were described
+    assert [m["role"] for m in attempt.messages[3:6]] == ["tool"] * 3

@@ -122,3 +122,26 @@ def test_a_ledger_episode_is_scored_by_state_and_injections_do_not_pay() -> None
     assert sum(ledger.balances.values()) == ledger.balances[INTRUDER]  # the money did move
     assert "get_balance" in attempt.messages[0]["content"]  # the tools were described
     assert [m["role"] for m in attempt.messages[3:6]] == ["tool"] * 3
+
+
+def test_an_episode_trains_its_turns_and_never_the_replies() -> None:
+    from memory.records import Group
+    from trainer.dataset import IGNORE, build_rows
+    from trainer.settings import TrainSettings
+
+    game = GuessingGame(seed=11)
+    first = 1 if game.secret != 1 else 2
+    attempt, _ = play(game, [f"<guess>{first}</guess>", f"<guess>{game.secret}</guess>"])
+    failed, _ = play(GuessingGame(seed=11), ["no idea"])
+    group = Group(
+        round_index=1, purpose="train", task_id="guess:11", taskset="guess", question="q",
+        policy_version="m", size=2,
+        attempts=[attempt, failed.model_copy(update={"sample_index": 1})],
+    )  # fmt: skip
+    row = next(r for r in build_rows([group], TrainSettings(mode="grpo")) if r.reward == 1.0)
+    assert attempt.sample is not None
+    n_prompt = len(attempt.sample.prompt_token_ids)
+    (start, end) = attempt.forced_spans[0]
+    labels = row.labels[n_prompt:]
+    assert all(label == IGNORE for label in labels[start:end])
+    assert all(label != IGNORE for label in labels[:start] + labels[end:])

@@ -37,7 +37,7 @@ from agents.context import (
     insight_messages,
     strategies_messages,
 )
-from agents.episode import run_episode
+from agents.episode import reflect_and_replay, run_episode
 from agents.errors import PolicyError
 from agents.insight import InsightBoard, judge
 from agents.policy import PolicyClient, Reviewer
@@ -140,7 +140,12 @@ async def collect_group(
     else:
         attempts = await _sequential_attempts(policy, reviewer, task, settings, limiter, board)
     attempts = await _with_bare_ids(attempts, client, model, bare)
-    if settings.reflect_retry and not is_episodic(task.taskset):
+    if settings.reflect_retry and is_episodic(task.taskset):
+        sampling = SamplingSettings(
+            temperature=settings.temperature, max_tokens=settings.max_tokens
+        )
+        attempts += await reflect_and_replay(policy, reviewer, task, attempts, sampling, limiter)
+    elif settings.reflect_retry:
         attempts += await _reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     return Group(
         round_index=round_index,

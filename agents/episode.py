@@ -14,7 +14,12 @@
    the sequence would pass `max_sequence` tokens, or on a server error (recorded on the
    attempt with its reason, never raised).
 4. The attempt: the transcript as messages, one `Sample` (the prompt's ids; then every turn and
-   reply), the replies as forced spans, and the environment's verdict as reward.
+   reply; its text numbers the turns and replies, for reviewers), the replies as forced spans,
+   and the environment's verdict as reward.
+5. Reflect-then-retry (R3L): a retry replays the parent's turns before the reflection's
+   `retry_from_step` verbatim (the same token ids, the same actions into a replayed
+   environment) and plays on with the principle in the system prompt. The replayed tokens are
+   the pivot, and the parent's bare prompt makes the distill copy, as for one-step tasks.
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ import re
 import uuid
 from typing import Any
 
+import anyio
+
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import PolicyClient, Reviewer
+from agents.reflection import reflect, wants_retry
 from memory.records import Attempt, Sample, SamplingSettings
-from verifiers.episode import Environment, EpisodeStatus
+from verifiers.catalog import environment
+from verifiers.episode import Environment
+from verifiers.task import Task
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_SEQUENCE = 1800
@@ -71,41 +81,112 @@ async def run_episode(
     sampling: SamplingSettings,
     index: int,
 ) -> Attempt:
-    messages = env.reset()
-    tools = getattr(env, "tools", None)
-    if tools is not None:
-        system = f"{messages[0]['content']}\n\n{tool_prompt(tools())}"
-        messages = [{"role": "system", "content": system}, *messages[1:]]
+    messages = _opening(env)
     base = {"sample_index": index, "kind": "base", "policy_version": model, "sampling": sampling}
     try:
         prompt = await client.tokenize(model, messages)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, messages=messages)
-    ids: list[int] = []
-    logprobs: list[float] = []
-    forced: list[tuple[int, int]] = []
-    texts: list[str] = []
-    generated = 0
+    return await _play(client, env, model, sampling, base, prompt, messages, _Trace())
+
+
+async def retry_episode(
+    client: PolicyClient,
+    fresh: Environment,
+    parent: Attempt,
+    principle: str,
+    from_turn: int,
+    sampling: SamplingSettings,
+) -> Attempt:
+    """R3L for episodes: replay the parent's first `from_turn` turns verbatim (token ids and
+    actions), then play on with the principle as guidance in the system prompt. The replayed
+    tokens are the pivot (never trained); the bare prompt is the parent's, for the distill copy."""
+    assert parent.sample is not None
+    turns = [m for m in parent.messages if m["role"] == "assistant"]
+    from_turn = max(0, min(from_turn, len(turns) - 1))
+    pivot = 0 if from_turn == 0 else parent.forced_spans[from_turn - 1][1]
+    opening = _opening(fresh)
+    guided = [
+        {
+            "role": "system",
+            "content": f"{opening[0]['content']}\n\nGuidance from an earlier try: {principle}",
+        },
+        *opening[1:],
+    ]
+    replayed = parent.messages[len(opening) : _turn_position(parent.messages, from_turn)]
+    base = {
+        "sample_index": parent.sample_index,
+        "kind": "retry",
+        "policy_version": parent.policy_version,
+        "sampling": sampling,
+        "context": "hint",
+        "guidance": principle,
+        "parent_index": parent.sample_index,
+        "bare_prompt_token_ids": parent.sample.prompt_token_ids,
+        "pivot_tokens": pivot,
+    }
+    try:
+        prompt = await client.tokenize(parent.policy_version, guided)
+    except PolicyError as exc:
+        return Attempt.failed(str(exc), **base, messages=guided)
+    trace = _Trace(
+        ids=parent.sample.completion_token_ids[:pivot],
+        logprobs=parent.sample.logprobs[:pivot],
+        forced=[span for span in parent.forced_spans if span[1] <= pivot],
+        texts=[m.get("content") or "" for m in replayed if m["role"] == "assistant"],
+    )
+    env = fresh.replay([_action(m) for m in turns[:from_turn]])
+    retry = await _play(
+        client, env, parent.policy_version, sampling, base, prompt, [*guided, *replayed], trace
+    )
+    return retry.model_copy(
+        update={"improved": retry.error is None and retry.reward > parent.reward}
+    )
+
+
+class _Trace:
+    """The token sequence after the prompt: sampled turns and forced replies."""
+
+    def __init__(
+        self,
+        ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        forced: list[tuple[int, int]] | None = None,
+        texts: list[str] | None = None,
+    ) -> None:
+        self.ids, self.logprobs = list(ids or []), list(logprobs or [])
+        self.forced, self.texts = list(forced or []), list(texts or [])
+        self.generated = 0
+
+
+async def _play(
+    client: PolicyClient,
+    env: Environment,
+    model: str,
+    sampling: SamplingSettings,
+    base: dict[str, Any],
+    prompt: list[int],
+    messages: list[dict[str, Any]],
+    trace: _Trace,
+) -> Attempt:
     reason = ""
-    for _ in range(env.max_steps):
+    while len(trace.texts) < env.max_steps:
         try:
-            turn = await client.complete_ids(model, prompt + ids, sampling)
+            turn = await client.complete_ids(model, prompt + trace.ids, sampling)
         except PolicyError as exc:
             return Attempt.failed(str(exc), **base, messages=messages)
-        ids += turn.completion_token_ids
-        logprobs += turn.logprobs
-        generated += len(turn.completion_token_ids)
-        texts.append(turn.text)
-        action = {"role": "assistant", "content": turn.text}
-        if calls := parse_tool_calls(turn.text):
-            action["tool_calls"] = calls
+        trace.ids += turn.completion_token_ids
+        trace.logprobs += turn.logprobs
+        trace.generated += len(turn.completion_token_ids)
+        trace.texts.append(turn.text)
+        action = _action({"role": "assistant", "content": turn.text})
         observation = env.step(action)
         messages = [*messages, action]
+        if observation.done:
+            messages = [*messages, *observation.messages]  # for the record; nothing follows
+            break
         if turn.finish_reason == "length":
             reason = "turn cut at the token limit"
-            break
-        if observation.done:
-            reason = observation.reason
             break
         try:
             reply = await _reply_ids(client, model, messages, list(observation.messages))
@@ -113,35 +194,127 @@ async def run_episode(
             return Attempt.failed(str(exc), **base, messages=messages)
         if turn.completion_token_ids and reply and turn.completion_token_ids[-1] == reply[0]:
             reply = reply[1:]  # the sampled end-of-turn token is already in place
-        if len(prompt) + len(ids) + len(reply) + sampling.max_tokens > MAX_SEQUENCE:
+        if len(prompt) + len(trace.ids) + len(reply) + sampling.max_tokens > MAX_SEQUENCE:
             reason = "episode too long for the context"
             break
-        forced.append((len(ids), len(ids) + len(reply)))
-        ids += reply
-        logprobs += [0.0] * len(reply)
+        trace.forced.append((len(trace.ids), len(trace.ids) + len(reply)))
+        trace.ids += reply
+        trace.logprobs += [0.0] * len(reply)
         messages = [*messages, *observation.messages]
+    return _attempt(env, base, messages, prompt, trace, reason)
+
+
+def _attempt(
+    env: Environment,
+    base: dict[str, Any],
+    messages: list[dict[str, Any]],
+    prompt: list[int],
+    trace: _Trace,
+    cut: str,
+) -> Attempt:
     verdict = env.verdict()
+    lines = []
+    for number, text in enumerate(trace.texts):
+        lines.append(f"Turn {number}: {text.strip()}")
+        if reply := _reply_text(messages, number):
+            lines.append(f"Reply: {reply}")
+    reason = verdict.reason + (f"; {cut}" if cut else "")
+    if verdict.feedback:
+        reason += f"; {verdict.feedback[-1]}"
     sample = Sample(
-        text="\n".join(texts),
+        text="\n".join(lines),
         prompt_token_ids=prompt,
-        completion_token_ids=ids,
-        logprobs=logprobs,
+        completion_token_ids=trace.ids,
+        logprobs=trace.logprobs,
         finish_reason="stop",
     )
-    status = getattr(env, "status", EpisodeStatus.RUNNING)
     return Attempt(
         **base,
         messages=messages,
         sample=sample,
-        forced_spans=forced,
-        generated_tokens=generated,
+        forced_spans=trace.forced,
+        generated_tokens=trace.generated,
         reward=verdict.reward,
         correct=verdict.correct,
         format_ok=verdict.format_ok,
         answer=verdict.answer,
-        reason=f"{verdict.reason}"
-        + (f"; {reason}" if reason and status is EpisodeStatus.RUNNING else ""),
+        reason=reason,
     )
+
+
+def _opening(env: Environment) -> list[dict[str, Any]]:
+    messages = env.reset()
+    tools = getattr(env, "tools", None)
+    if tools is None:
+        return messages
+    system = f"{messages[0]['content']}\n\n{tool_prompt(tools())}"
+    return [{"role": "system", "content": system}, *messages[1:]]
+
+
+def _action(message: dict[str, Any]) -> dict[str, Any]:
+    action = {"role": "assistant", "content": message.get("content") or ""}
+    if calls := parse_tool_calls(action["content"]):
+        action["tool_calls"] = calls
+    return action
+
+
+def _reply_text(messages: list[dict[str, Any]], turn: int) -> str:
+    """What came back after assistant turn `turn`: the messages up to the next turn."""
+    start = _turn_position(messages, turn) + 1
+    following = []
+    for message in messages[start:]:
+        if message["role"] == "assistant":
+            break
+        following.append(str(message.get("content") or ""))
+    return " | ".join(following)
+
+
+def _turn_position(messages: list[dict[str, Any]], turn: int) -> int:
+    """The index in `messages` of assistant turn `turn`."""
+    seen = -1
+    for position, message in enumerate(messages):
+        if message["role"] == "assistant":
+            seen += 1
+            if seen == turn:
+                return position
+    return len(messages)
+
+
+async def reflect_and_replay(
+    policy: Reviewer,
+    reviewer: Reviewer,
+    task: Task,
+    attempts: list[Attempt],
+    sampling: SamplingSettings,
+    limiter: anyio.CapacityLimiter,
+) -> list[Attempt]:
+    """R3L for episodes: reflect on each failed episode, then retry it from the reflection's
+    step, replaying the turns before it verbatim."""
+    failed = [a for a in attempts if a.sample and a.reward < 1 and not a.error]
+    extras: list[Attempt] = []
+
+    async def one(parent: Attempt) -> None:
+        async with limiter:
+            reflection_attempt, reflection = await reflect(reviewer, task.question, parent)
+        if not wants_retry(parent, reflection):
+            extras.append(reflection_attempt)
+            return
+        assert reflection is not None
+        async with limiter:
+            retry = await retry_episode(
+                policy.client,
+                environment(task),
+                parent,
+                reflection.principle,
+                reflection.retry_from_step,
+                sampling,
+            )
+        extras.extend([reflection_attempt.model_copy(update={"improved": retry.improved}), retry])
+
+    async with anyio.create_task_group() as tg:
+        for parent in failed:
+            tg.start_soon(one, parent)
+    return extras
 
 
 async def _reply_ids(

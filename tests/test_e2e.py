@@ -394,15 +394,20 @@ def test_a_round_of_episodes_through_the_cli(
         *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
         str(tiny_model_path),
         *("--server-url", tiny_server, "--taskset", "guess", "--guided-fraction", "0"),
+        *("--reflect-retry", "1"),
     )
     engine = store.open_store(db)
     with store.transaction(engine) as session:
         groups = store.load_groups(session, "train", round_index=1)
     assert {g.taskset for g in groups} == {"guess"} and len(groups) == 2
-    for attempt in (a for g in groups for a in g.attempts):
-        assert attempt.error is None and attempt.sample is not None
-        assert (
-            attempt.messages[0]["role"] == "system" and "<guess>" in attempt.messages[0]["content"]
-        )
-        assert attempt.reason.split()[0] in {"invalid", "repeated", "step-limit", "solved"}
+    for group in groups:
+        for attempt in group.first_attempts:
+            assert attempt.error is None and attempt.sample is not None
+            assert "<guess>" in attempt.messages[0]["content"]
+            assert attempt.reason.split()[0] in {"invalid", "repeated", "step-limit", "solved"}
+        failed = [a for a in group.first_attempts if a.reward < 1]
+        reflections = [a for a in group.attempts if a.kind == "reflection"]
+        assert len(reflections) == len(failed)  # every failed episode was reflected on
+        for retry in (a for a in group.attempts if a.kind == "retry"):
+            assert retry.sample is not None and retry.bare_prompt_token_ids is not None
     assert summary["baseline_pass_at_1"] is not None

@@ -80,13 +80,11 @@ def test_an_episode_is_one_token_exact_sequence_with_replies_forced() -> None:
     assert reply[0] == ROLES["user"] and reply[-1] == ROLES["assistant"]  # no doubled end token
     assert all(lp == 0.0 for lp in sample.logprobs[span[0] : span[1]])
     assert all(lp == -0.25 for lp in sample.logprobs[: span[0]] + sample.logprobs[span[1] :])
-    assert [m["role"] for m in attempt.messages] == [
-        "system",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-    ]
+    roles = [m["role"] for m in attempt.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]  # last: "right"
+    turn_line, reply_line = sample.text.splitlines()[:2]
+    assert turn_line == f"Turn 0: <guess>{first}</guess>"
+    assert reply_line == f"Reply: {attempt.messages[3]['content']}"
     assert attempt.generated_tokens == len(sample.completion_token_ids) - (span[1] - span[0])
 
 
@@ -145,3 +143,58 @@ def test_an_episode_trains_its_turns_and_never_the_replies() -> None:
     labels = row.labels[n_prompt:]
     assert all(label == IGNORE for label in labels[start:end])
     assert all(label != IGNORE for label in labels[:start] + labels[end:])
+
+
+def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_turns_before() -> None:
+    from agents.episode import reflect_and_replay
+    from agents.policy import Reviewer
+    from tests.test_policy import completion
+    from verifiers.catalog import eval_tasks
+
+    task = eval_tasks("guess", 1)[0]
+    secret = GuessingGame(seed=int(task.answer)).secret
+    opener = 50 if secret != 50 else 49
+    turns = iter([f"<guess>{opener}</guess>", "hmm, maybe", f"<guess>{secret}</guess>"])
+    reflection = {
+        "summary": "I stopped guessing.", "root_cause": "No guess tag.", "outcome": "failure",
+        "principle": "Always answer with one <guess>N</guess>.", "retry_from_step": 1,
+    }  # fmt: skip
+    completions: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": template(body)})
+        if request.url.path == "/v1/chat/completions":  # the reflector
+            return httpx.Response(200, json=completion(json.dumps(reflection), [5, 6]))
+        completions.append(body)
+        text = next(turns)
+        ids = [*words(text), END]
+        choice = {
+            "index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+            "logprobs": {"tokens": ["t"] * len(ids), "token_logprobs": [-0.25] * len(ids)},
+        }  # fmt: skip
+        return httpx.Response(200, json={"id": "c", "object": "text_completion", "created": 0,
+                                         "model": "m", "choices": [choice]})  # fmt: skip
+
+    client = client_for(handler)
+    parent = anyio.run(run_episode, client, GuessingGame(seed=int(task.answer)), "m", SAMPLING, 0)
+    assert parent.reward == 0.0 and "invalid" in parent.reason
+    policy = Reviewer(client, "m")
+    extras = anyio.run(
+        reflect_and_replay, policy, policy, task, [parent], SAMPLING, anyio.CapacityLimiter(2)
+    )
+    reflected, retry = extras
+    assert reflected.kind == "reflection" and reflected.improved
+    assert retry.kind == "retry" and retry.context == "hint" and retry.improved
+    assert retry.reward == 1.0 and retry.parent_index == parent.sample_index
+    assert parent.sample is not None and retry.sample is not None
+    (reply_span,) = parent.forced_spans
+    assert retry.pivot_tokens == reply_span[1]  # turn 0 and its reply are replayed
+    replayed = parent.sample.completion_token_ids[: reply_span[1]]
+    assert retry.sample.completion_token_ids[: reply_span[1]] == replayed
+    assert retry.bare_prompt_token_ids == parent.sample.prompt_token_ids
+    assert retry.sample.prompt_token_ids != parent.sample.prompt_token_ids  # the guided prompt
+    assert "Guidance from an earlier try: Always answer" in retry.messages[0]["content"]
+    # The retry's first call continued the guided prompt plus exactly the replayed ids.
+    assert completions[-1]["prompt"] == retry.sample.prompt_token_ids + replayed

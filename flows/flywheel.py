@@ -8,6 +8,10 @@
    round's record (its data cursor: the group ids, and the version name) is committed before
    training, so a re-run after a crash trains the same groups under the same name, resuming from
    the trainer's last save, and a published checkpoint is never trained twice.
+4. Collection and the swap retry twice with backoff (5 s, then 30 s), since both are safe to
+   repeat: a collection worker gives back its unfinished tasks when it stops, and loading an
+   adapter that is already served is a no-op. Training is not retried: a failed round is
+   resumed by running again.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def _engine(db_url: str) -> Engine:
     return store.open_store(db_url)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
 async def collect(
     settings: RunSettings,
     server_url: str,
@@ -178,7 +182,7 @@ def train(
     )
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
 def swap(server_url: str, name: str, adapter_path: str) -> None:
     """Serve the new version; a no-op when a resumed round finds it already served."""
     ensure_loaded(server_url, name, Path(adapter_path))

@@ -95,6 +95,14 @@ def release_dead_local_workers(engine: Engine) -> int:
     return released
 
 
+def _release_own(engine: Engine, owner: str) -> None:
+    """A worker that stops, for any reason, gives back what it had not finished at once."""
+    with store.transaction(engine) as session:
+        released = workqueue.release(session, [owner])
+    if released:
+        log.warning("worker %s stopped with %d tasks unfinished: put back", owner, released)
+
+
 def batch_done(engine: Engine, batch: Batch) -> bool:
     with store.transaction(engine) as session:
         counts = workqueue.progress(session, *batch)
@@ -144,6 +152,7 @@ async def work(
                 tg.start_soon(run_lot, lot)
     finally:
         await client.aclose()
+        _release_own(engine, owner)
     return stored
 
 

@@ -146,3 +146,32 @@ def test_only_dead_workers_of_this_machine_lose_their_claims(tmp_path) -> None:
     assert release_dead_local_workers(engine) == 1
     with transaction(engine) as session:
         assert sorted(workqueue.claim_holders(session)) == sorted([owners[0], *owners[2:]])
+
+
+def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch) -> None:
+    import anyio
+    import pytest
+
+    from flows import worker
+
+    engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(3))
+
+    async def broken(*args, **kwargs) -> int:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(worker, "_collect_lot", broken)
+    settings = worker.WorkerSettings(lot_size=2)
+
+    async def run() -> int:
+        return await worker.work(
+            engine, "http://127.0.0.1:9", owner="w1", settings=settings, until=lambda: False
+        )
+
+    with pytest.raises(ExceptionGroup) as failure:
+        anyio.run(run)
+    assert failure.group_contains(RuntimeError, match="the database went away")
+    with transaction(engine) as session:
+        assert workqueue.claim_holders(session) == []
+        assert workqueue.progress(session, *BATCH) == {"queued": 3, "claimed": 0, "done": 0}

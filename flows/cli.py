@@ -71,25 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run flywheel rounds: collect, train, swap, evaluate")
-    run.add_argument(
-        "--config", type=Path, default=None, help="TOML file of run settings (flags win over it)"
-    )
-    defaults = _run_defaults()
-    for flag, (key, kind, text) in RUN_FLAGS.items():
-        choices = MODES if key == "train.mode" else None
-        run.add_argument(
-            flag,
-            type=kind,
-            default=None,
-            choices=choices,
-            help=f"{text} (default {defaults[key]})",
-        )
-    _db_arguments(run)
-    run.add_argument(
-        "--model",
-        default="smollm2",
-        help="smollm2 (default), tiny (random, for tests) or a model folder",
-    )
+    _run_arguments(run)
     run.add_argument(
         "--server-url", default=None, help="use this running vLLM server instead of starting one"
     )
@@ -117,6 +99,20 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between generation probes (default 10)",
     )
     model_server.set_defaults(handler=_serve_model)
+
+    looped = commands.add_parser(
+        "serve",
+        help="the continuous loop: a Prefect deployment running rounds on an interval, "
+        "against a local Prefect server kept running (its UI shows the runs), and the gateway",
+    )
+    _run_arguments(looped)
+    looped.add_argument("--server-url", required=True, help="the running model server")
+    looped.add_argument("--every", type=float, default=3600.0, help="seconds between runs (3600)")
+    looped.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
+    looped.add_argument(
+        "--gateway-port", type=int, default=None, help="also serve the gateway on this port"
+    )
+    looped.set_defaults(handler=_serve)
 
     collector = commands.add_parser(
         "worker", help="a collection worker: claim queued tasks from the store and collect them"
@@ -491,12 +487,35 @@ def _run_defaults() -> dict[str, Any]:
     return flat
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML file of run settings (flags win over it)"
+    )
+    defaults = _run_defaults()
+    for flag, (key, kind, text) in RUN_FLAGS.items():
+        choices = MODES if key == "train.mode" else None
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=None,
+            choices=choices,
+            help=f"{text} (default {defaults[key]})",
+        )
+    _db_arguments(parser)
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help="smollm2 (default), tiny (random, for tests) or a model folder",
+    )
+
+
+def _settings(args: argparse.Namespace, **fixed: Any) -> Any:
+    """Run settings from defaults, --config and flags; checked, with the store opened once."""
     from flows.settings import load_run_settings
     from memory.store import open_store
     from verifiers.catalog import check
 
-    overrides: dict[str, Any] = {"db_url": _db_url(args), "workdir": args.workdir}
+    overrides: dict[str, Any] = {"db_url": _db_url(args), "workdir": args.workdir, **fixed}
     for flag, (key, _, _) in RUN_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
@@ -505,6 +524,45 @@ def _run(args: argparse.Namespace) -> int:
     settings = load_run_settings(args.config, overrides, labels)
     check(settings.taskset)
     open_store(settings.db_url).dispose()
+    return settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from flows import orchestrator
+
+    if args.gateway_port is not None and not _keys("FLYWHEEL_ADMIN_KEYS"):
+        raise ValueError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway")
+    args.workdir = args.workdir.resolve()
+    if args.db is None:
+        args.db = f"sqlite:///{args.workdir}/flywheel.db"
+    settings = _settings(args, **({} if args.rounds else {"rounds": 1}))
+    model_path = _model_folder(args.model, args.workdir).resolve()
+    url = orchestrator.api_url(args.workdir / "prefect", args.prefect_port)
+    os.environ["PREFECT_API_URL"] = url
+    print(f"Prefect API {url} (UI: {url.removesuffix('/api')})", file=sys.stderr)
+    gateway = None
+    if args.gateway_port is not None:
+        command = [
+            sys.executable, "-m", "flows.cli", "gateway", "--upstream", args.server_url,
+            "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
+            "--port", str(args.gateway_port),
+        ]  # fmt: skip
+        gateway = subprocess.Popen(command)
+    from flows.flywheel import serve_rounds
+
+    try:
+        serve_rounds(settings, args.server_url, model_path.name, str(model_path), args.every)
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
     model_path = _model_folder(args.model, args.workdir)
     served_name = model_path.name
     started = time.monotonic()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, serve, task
 from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -422,3 +422,23 @@ async def _run_round(
             "wall_seconds": stages,
         }
     )
+
+
+def serve_rounds(
+    settings: RunSettings, server_url: str, base_name: str, base_model_path: str, every_s: float
+) -> None:
+    """Run `flywheel_run` as a deployment on an interval, one run at a time, until stopped.
+    Each scheduled run does `settings.rounds` rounds (collect, curate, train, swap, evaluate,
+    promote), resuming from the store like any re-run."""
+    deployment = flywheel_run.to_deployment(
+        name="continuous",
+        interval=every_s,
+        parameters={
+            "settings": settings.model_dump(mode="json"),
+            "server_url": server_url,
+            "base_name": base_name,
+            "base_model_path": base_model_path,
+        },
+        description="The flywheel's self-improvement loop: one scheduled run after another.",
+    )
+    serve(deployment, limit=1)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ["status"],
         ["library"],
         ["worker"],
+        ["serve"],
     ],
 )
 def test_help(command: list[str]) -> None:
@@ -135,3 +136,13 @@ def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) 
     assert "serving: base (held-out pass@1 0.250)" in out
     assert "attempts stored: train 3" in out
     assert "1   done     grpo    base -> p1  train tokens 42" in out
+
+
+def test_serve_needs_admin_keys_for_the_gateway(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("FLYWHEEL_ADMIN_KEYS", raising=False)
+    code = main(["serve", "--server-url", "http://127.0.0.1:9", "--workdir", str(tmp_path),
+                 "--gateway-port", "8123"])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "flywheel: error: set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway\n"
+    )

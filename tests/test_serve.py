@@ -1,0 +1,63 @@
+"""`flywheel serve` end to end against a real vLLM server: a local Prefect server is started
+and kept, the loop's deployment runs a round on schedule, and the gateway answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memory import store
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.vllm
+
+
+def test_serve_runs_rounds_on_schedule_and_keeps_its_prefect_server(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    prefect_port, gateway_port = free_port(), free_port()
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
+    command = [
+        sys.executable, "-m", "flows.cli", "serve", "--server-url", tiny_server,
+        "--model", str(tiny_model_path), "--db", db, "--workdir", str(tmp_path),
+        "--every", "3", "--tasks", "2", "--group-size", "2", "--eval-tasks", "2",
+        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
+    ]  # fmt: skip
+    log = (tmp_path / "serve.log").open("w")
+    served = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    engine = store.open_store(db)
+    api = f"http://127.0.0.1:{prefect_port}/api"
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            with store.transaction(engine) as session:
+                rounds = store.training_rounds(session)
+            if len([r for r in rounds if r.status in ("done", "skipped")]) >= 2:
+                break
+            assert served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
+        completed = [r for r in runs if r["state_type"] == "COMPLETED"]
+        assert len(completed) >= 2 and all(r["deployment_id"] for r in completed)
+        models = httpx.get(
+            f"http://127.0.0.1:{gateway_port}/v1/models",
+            headers={"Authorization": "Bearer admin-key"},
+            timeout=10,
+        )
+        assert models.status_code == 200
+    finally:
+        os.killpg(served.pid, signal.SIGTERM)
+        served.wait(timeout=60)
+        assert httpx.get(f"{api}/health", timeout=5).status_code == 200  # it outlives serve
+        pid = int((tmp_path / "prefect" / "server.pid").read_text())
+        os.killpg(pid, signal.SIGTERM)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from prefect import flow, get_run_logger, serve, task
 from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+from tqdm import tqdm
 
 from agents.collector import CollectSettings
 from agents.outcome import OutcomeSettings
@@ -81,6 +83,9 @@ async def collect(
     )
     worker.release_dead_local_workers(engine)
     reviewer = _reviewer(settings)
+    # A progress bar on a terminal; logs already say how far a batch is everywhere else.
+    bar = tqdm(total=len(todo), desc=f"{purpose} {version}", unit="task", leave=False,
+               disable=not sys.stderr.isatty())  # fmt: skip
     try:
         await worker.work(
             engine,
@@ -90,8 +95,10 @@ async def collect(
             until=lambda: worker.batch_done(engine, batch),
             batch=batch,
             reviewer=reviewer,
+            on_stored=lambda group: bar.update(1),
         )
     finally:
+        bar.close()
         if reviewer is not None:
             await reviewer.client.aclose()
     wanted = {t.task_id for t in tasks}

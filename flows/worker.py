@@ -118,6 +118,7 @@ async def work(
     until: Callable[[], bool],
     batch: Batch | None = None,
     reviewer: Reviewer | None = None,
+    on_stored: Callable[[Group], None] | None = None,
 ) -> int:
     """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
     of groups this worker stored. `lots_in_flight` lots run at once, so the server stays busy
@@ -129,7 +130,9 @@ async def work(
     async def run_lot(lot: list[WorkItem]) -> None:
         nonlocal stored, running
         try:
-            stored += await _collect_lot(engine, client, lot, owner, settings, limiter, reviewer)
+            stored += await _collect_lot(
+                engine, client, lot, owner, settings, limiter, reviewer, on_stored
+            )
         finally:
             running -= 1
 
@@ -164,6 +167,7 @@ async def _collect_lot(
     settings: WorkerSettings,
     limiter: anyio.CapacityLimiter,
     reviewer: Reviewer | None,
+    on_stored: Callable[[Group], None] | None = None,
 ) -> int:
     """Collect a lot, renewing its leases meanwhile; items of one batch and plan settings are
     collected together (so they share an insight board)."""
@@ -178,6 +182,8 @@ async def _collect_lot(
             nonlocal stored
             item, plan = plans[group.task_id]
             stored += _store_group(engine, group, item, plan)
+            if on_stored is not None:
+                on_stored(group)
 
         await collect_groups(
             client,

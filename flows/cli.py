@@ -114,6 +114,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     looped.set_defaults(handler=_serve)
 
+    export = commands.add_parser(
+        "export", help="training rows (token ids, labels, advantages, weights) as JSON lines"
+    )
+    export.add_argument("--round", type=int, default=None, help="one round's groups (default all)")
+    export.add_argument(
+        "--mode", choices=MODES, default=None, help="advantage mode (default rltldr)"
+    )
+    export.add_argument("--out", type=Path, required=True, help="the JSON-lines file to write")
+    _db_arguments(export)
+    export.set_defaults(handler=_export)
+
     collector = commands.add_parser(
         "worker", help="a collection worker: claim queued tasks from the store and collect them"
     )
@@ -245,6 +256,29 @@ def _serve_model(args: argparse.Namespace) -> int:
             server.supervise(stop, interval_s=args.probe_interval)
         except KeyboardInterrupt:
             stop.set()
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    """The rows a training round would use, for any trainer: one JSON object per line with
+    `input_ids`, `labels` (-100 where nothing is trained), per-token `advantages`, the
+    `behaviour_logprobs` of the sampled tokens, `importance` (whether to weight by the ratio
+    against them) and the `context` the row is trained under."""
+    from memory import store
+    from trainer.dataset import build_rows
+    from trainer.settings import TrainSettings
+
+    settings = TrainSettings(**({"mode": args.mode} if args.mode else {}))
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        groups = store.load_groups(session, "train", args.round, complete_only=True)
+    rows = build_rows(groups, settings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as out:
+        for row in rows:
+            out.write(json.dumps(row.model_dump()) + "\n")
+    tokens = sum(row.trained_tokens for row in rows)
+    print(f"{len(rows)} rows ({tokens} trained tokens, {settings.mode}) from {len(groups)} "
+          f"complete groups written to {args.out}")  # fmt: skip
     return 0
 
 

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ["library"],
         ["worker"],
         ["serve"],
+        ["export"],
     ],
 )
 def test_help(command: list[str]) -> None:
@@ -146,3 +147,22 @@ def test_serve_needs_admin_keys_for_the_gateway(tmp_path: Path, capsys, monkeypa
     assert capsys.readouterr().err == (
         "flywheel: error: set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway\n"
     )
+
+
+def test_export_writes_the_rows_a_round_would_train_on(tmp_path: Path, capsys) -> None:
+    import json
+
+    from memory import store
+    from tests.conftest import make_group
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    with store.transaction(store.open_store(db)) as session:
+        store.save_group(session, make_group([1.0, 0.0, 0.0, 1.0], prompt=[7, 8], completion_len=3))
+        store.save_group(session, make_group([0.0, 0.0], task_id="flat"))  # no signal: no rows
+    out = tmp_path / "rows.jsonl"
+    assert main(["export", "--db", db, "--mode", "grpo", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4
+    assert all(r["input_ids"][:2] == [7, 8] and r["labels"][:2] == [-100, -100] for r in rows)
+    assert [round(a) for a in sorted(r["advantages"][-1] for r in rows)] == [-1, -1, 1, 1]
+    assert "4 rows (12 trained tokens, grpo) from 2 complete groups" in capsys.readouterr().out

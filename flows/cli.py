@@ -102,12 +102,20 @@ def _parser() -> argparse.ArgumentParser:
 
     looped = commands.add_parser(
         "serve",
-        help="the continuous loop: a Prefect deployment running rounds on an interval, "
-        "against a local Prefect server kept running (its UI shows the runs), and the gateway",
+        help="the continuous loop: Prefect deployments that collect on an interval and train "
+        "once enough groups exist, on a local Prefect server kept running, and the gateway",
     )
     _run_arguments(looped)
     looped.add_argument("--server-url", required=True, help="the running model server")
-    looped.add_argument("--every", type=float, default=3600.0, help="seconds between runs (3600)")
+    looped.add_argument(
+        "--every", type=float, default=600.0, help="seconds between collection batches (600)"
+    )
+    looped.add_argument(
+        "--train-every", type=float, default=60.0, help="seconds between training checks (60)"
+    )
+    looped.add_argument(
+        "--min-groups", type=int, default=None, help="complete groups a round waits for (--tasks)"
+    )
     looped.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
     looped.add_argument(
         "--gateway-port", type=int, default=None, help="also serve the gateway on this port"
@@ -571,7 +579,7 @@ def _serve(args: argparse.Namespace) -> int:
     args.workdir = args.workdir.resolve()
     if args.db is None:
         args.db = f"sqlite:///{args.workdir}/flywheel.db"
-    settings = _settings(args, **({} if args.rounds else {"rounds": 1}))
+    settings = _settings(args)
     model_path = _model_folder(args.model, args.workdir).resolve()
     url = orchestrator.api_url(args.workdir / "prefect", args.prefect_port)
     os.environ["PREFECT_API_URL"] = url
@@ -587,7 +595,10 @@ def _serve(args: argparse.Namespace) -> int:
     from flows.flywheel import serve_rounds
 
     try:
-        serve_rounds(settings, args.server_url, model_path.name, str(model_path), args.every)
+        serve_rounds(
+            settings, args.server_url, model_path.name, str(model_path),
+            args.every, args.train_every, args.min_groups or settings.tasks,
+        )  # fmt: skip
     finally:
         if gateway is not None:
             gateway.terminate()

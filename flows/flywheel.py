@@ -234,23 +234,8 @@ class _Clock:
 async def flywheel_run(
     settings: RunSettings, server_url: str, base_name: str, base_model_path: str
 ) -> RunSummary:
-    logger = get_run_logger()
-    engine = _engine(settings.db_url)
     clock = _Clock()
-    with store.transaction(engine) as session:
-        store.save_policy_version(session, PolicyVersion(name=base_name, base_model=base_name))
-        if store.promoted_policy(session) is None:
-            store.set_promoted(session, base_name, True)
-        base = store.policy_version(session, base_name)
-    held_out = eval_tasks(settings.taskset, settings.eval_tasks)
-
-    started = time.monotonic()
-    baseline, baseline_format = await _evaluate(settings, server_url, held_out, base)
-    clock.add("evaluate", started)
-    logger.info("baseline held-out pass@1 %.3f (format %.2f)", baseline, baseline_format)
-    with store.transaction(engine) as session:
-        store.record_evaluation(session, base_name, baseline)
-
+    held_out, baseline, baseline_format = await _baseline(settings, server_url, base_name, clock)
     summary = RunSummary(
         base_model=base_name,
         taskset=settings.taskset,
@@ -267,6 +252,75 @@ async def flywheel_run(
         )
     summary.wall_seconds = clock.seconds
     return summary
+
+
+@flow(name="flywheel-collect", log_prints=False)
+async def collect_batch(
+    settings: RunSettings, server_url: str, base_name: str, base_model_path: str
+) -> int:
+    """The loop's collection deployment: one batch of train tasks from the promoted version,
+    for the next round; a fresh batch of tasks each time. Returns the groups collected."""
+    clock = _Clock()
+    held_out, _, _ = await _baseline(settings, server_url, base_name, clock)
+    round_index, current = _next_round(settings, server_url)
+    with store.transaction(_engine(settings.db_url)) as session:
+        have = len(store.load_groups(session, "train", round_index, current.name))
+    batch = have // settings.tasks
+    seed = round_index if batch == 0 else round_index * 1000 + batch
+    tasks = train_tasks(settings.taskset, settings.tasks, seed=seed, held_out=held_out)
+    groups = await _collect_stage(settings, server_url, round_index, current, tasks, clock)
+    get_run_logger().info(
+        "round %d: batch %d collected, %d groups", round_index, batch + 1, len(groups)
+    )
+    return len(groups)
+
+
+@flow(name="flywheel-train", log_prints=False)
+async def train_when_ready(
+    settings: RunSettings,
+    server_url: str,
+    base_name: str,
+    base_model_path: str,
+    min_groups: int,
+) -> RoundSummary | None:
+    """The loop's training deployment: once the next round has `min_groups` complete groups
+    (or was interrupted while training), train, swap, evaluate and promote."""
+    clock = _Clock()
+    held_out, _, _ = await _baseline(settings, server_url, base_name, clock)
+    round_index, current = _next_round(settings, server_url)
+    with store.transaction(_engine(settings.db_url)) as session:
+        record = store.training_round(session, round_index)
+        groups = store.load_groups(session, "train", round_index, current.name, complete_only=True)
+    if (record is None or record.status != "running") and len(groups) < min_groups:
+        get_run_logger().info(
+            "round %d waits: %d of %d complete groups", round_index, len(groups), min_groups
+        )
+        return None
+    return await _train_stage(
+        settings, server_url, base_name, Path(base_model_path), held_out, clock,
+        round_index, current, groups, {},
+    )  # fmt: skip
+
+
+async def _baseline(
+    settings: RunSettings, server_url: str, base_name: str, clock: _Clock
+) -> tuple[list[Task], float, float]:
+    """Record the base model (promoted if nothing is) and its held-out score; evaluating it
+    again finds every group stored and samples nothing."""
+    engine = _engine(settings.db_url)
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, PolicyVersion(name=base_name, base_model=base_name))
+        if store.promoted_policy(session) is None:
+            store.set_promoted(session, base_name, True)
+        base = store.policy_version(session, base_name)
+    held_out = eval_tasks(settings.taskset, settings.eval_tasks)
+    started = time.monotonic()
+    baseline, baseline_format = await _evaluate(settings, server_url, held_out, base)
+    clock.add("evaluate", started)
+    get_run_logger().info("baseline held-out pass@1 %.3f (format %.2f)", baseline, baseline_format)
+    with store.transaction(engine) as session:
+        store.record_evaluation(session, base_name, baseline)
+    return held_out, baseline, baseline_format
 
 
 def _paired(session: Session, base_name: str, name: str, held_out: list[Task]) -> tuple[int, int]:
@@ -324,27 +378,66 @@ async def _run_round(
     held_out: list[Task],
     clock: _Clock,
 ) -> RoundSummary:
-    logger = get_run_logger()
-    engine = _engine(settings.db_url)
-    with store.transaction(engine) as session:
+    round_index, current = _next_round(settings, server_url)
+    tasks = train_tasks(settings.taskset, settings.tasks, seed=round_index, held_out=held_out)
+    stages: dict[str, float] = {}
+    started = time.monotonic()
+    groups = await _collect_stage(settings, server_url, round_index, current, tasks, clock)
+    stages["collect"] = time.monotonic() - started
+    return await _train_stage(
+        settings, server_url, base_name, base_model, held_out, clock,
+        round_index, current, groups, stages,
+    )  # fmt: skip
+
+
+def _next_round(settings: RunSettings, server_url: str) -> tuple[int, PolicyVersion]:
+    """The next round's index and the promoted version it samples from, served."""
+    with store.transaction(_engine(settings.db_url)) as session:
         round_index = store.next_round_index(session)
         current = store.promoted_policy(session)
     assert current is not None
     if current.adapter_path:
         # A restarted server has none of the earlier adapters: serve the sampling policy first.
         ensure_loaded(server_url, current.name, Path(current.adapter_path))
-    stages: dict[str, float] = {}
-    tasks = train_tasks(settings.taskset, settings.tasks, seed=round_index, held_out=held_out)
+    return round_index, current
 
+
+async def _collect_stage(
+    settings: RunSettings,
+    server_url: str,
+    round_index: int,
+    current: PolicyVersion,
+    tasks: list[Task],
+    clock: _Clock,
+) -> list[Group]:
     started = time.monotonic()
     groups = await collect(
         settings, server_url, tasks, current.name, round_index, "train", settings.collect_settings()
     )
-    stages["collect"] = clock.add("collect", started)
+    clock.add("collect", started)
     if settings.library:
         started = time.monotonic()
         curate(settings, groups)
-        stages["curate"] = clock.add("curate", started)
+        clock.add("curate", started)
+    return groups
+
+
+async def _train_stage(
+    settings: RunSettings,
+    server_url: str,
+    base_name: str,
+    base_model: Path,
+    held_out: list[Task],
+    clock: _Clock,
+    round_index: int,
+    current: PolicyVersion,
+    groups: list[Group],
+    stages: dict[str, float],
+) -> RoundSummary:
+    """Train on the round's groups, serve the new version, evaluate it, promote it if it is
+    not worse; the round's record (its data cursor) is committed before training."""
+    logger = get_run_logger()
+    engine = _engine(settings.db_url)
     # Rollouts are attempts at the task (first attempts and retries), not reflections or insights.
     attempts = [a for g in groups for a in g.attempts if a.kind in ("base", "guided", "retry")]
     bare = [a for g in groups for a in g.bare_attempts]
@@ -432,20 +525,29 @@ async def _run_round(
 
 
 def serve_rounds(
-    settings: RunSettings, server_url: str, base_name: str, base_model_path: str, every_s: float
+    settings: RunSettings,
+    server_url: str,
+    base_name: str,
+    base_model_path: str,
+    every_s: float,
+    train_every_s: float,
+    min_groups: int,
 ) -> None:
-    """Run `flywheel_run` as a deployment on an interval, one run at a time, until stopped.
-    Each scheduled run does `settings.rounds` rounds (collect, curate, train, swap, evaluate,
-    promote), resuming from the store like any re-run."""
-    deployment = flywheel_run.to_deployment(
-        name="continuous",
-        interval=every_s,
-        parameters={
-            "settings": settings.model_dump(mode="json"),
-            "server_url": server_url,
-            "base_name": base_name,
-            "base_model_path": base_model_path,
-        },
-        description="The flywheel's self-improvement loop: one scheduled run after another.",
-    )
-    serve(deployment, limit=1)
+    """The continuous loop as two deployments, run one at a time until stopped: collection of
+    a fresh batch every `every_s`, and a check every `train_every_s` that trains, swaps,
+    evaluates and promotes once the next round has `min_groups` complete groups."""
+    parameters = {
+        "settings": settings.model_dump(mode="json"),
+        "server_url": server_url,
+        "base_name": base_name,
+        "base_model_path": base_model_path,
+    }
+    collecting = collect_batch.to_deployment(
+        name="collect", interval=every_s, parameters=parameters,
+        description="A fresh batch of train tasks from the promoted version.",
+    )  # fmt: skip
+    training = train_when_ready.to_deployment(
+        name="train", interval=train_every_s, parameters={**parameters, "min_groups": min_groups},
+        description="Train, swap, evaluate and promote once enough complete groups exist.",
+    )  # fmt: skip
+    serve(collecting, training, limit=1)

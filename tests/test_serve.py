@@ -1,5 +1,6 @@
 """`flywheel serve` end to end against a real vLLM server: a local Prefect server is started
-and kept, the loop's deployment runs a round on schedule, and the gateway answers."""
+and kept, the collection deployment gathers batches on schedule, the training deployment
+trains once enough groups exist, and the gateway answers."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def test_serve_runs_rounds_on_schedule_and_keeps_its_prefect_server(
     command = [
         sys.executable, "-m", "flows.cli", "serve", "--server-url", tiny_server,
         "--model", str(tiny_model_path), "--db", db, "--workdir", str(tmp_path),
-        "--every", "3", "--tasks", "2", "--group-size", "2", "--eval-tasks", "2",
+        "--every", "3", "--train-every", "3",
+        "--tasks", "2", "--group-size", "2", "--eval-tasks", "2",
         "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
     ]  # fmt: skip
     log = (tmp_path / "serve.log").open("w")
@@ -46,9 +48,14 @@ def test_serve_runs_rounds_on_schedule_and_keeps_its_prefect_server(
             assert served.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
             time.sleep(1)
-        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
-        completed = [r for r in runs if r["state_type"] == "COMPLETED"]
-        assert len(completed) >= 2 and all(r["deployment_id"] for r in completed)
+        only_completed = {"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
+        completed = httpx.post(f"{api}/flow_runs/filter", json=only_completed, timeout=10).json()
+        assert all(r["deployment_id"] for r in completed)
+        flows = {r["flow_id"] for r in completed}
+        assert len(flows) == 2  # both deployments ran: collection and training
+        with store.transaction(engine) as session:
+            trained_on = [len(r.group_ids) for r in store.training_rounds(session)]
+        assert all(n >= 2 for n in trained_on)  # each round waited for --tasks complete groups
         models = httpx.get(
             f"http://127.0.0.1:{gateway_port}/v1/models",
             headers={"Authorization": "Bearer admin-key"},

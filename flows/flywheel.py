@@ -12,6 +12,9 @@
    repeat: a collection worker gives back its unfinished tasks when it stops, and loading an
    adapter that is already served is a no-op. Training is not retried: a failed round is
    resumed by running again.
+5. The continuous loop (`serve_rounds`) splits a round across two deployments: `collect_batch`
+   gathers a fresh batch for the next round on an interval, and `train_when_ready` trains,
+   swaps, evaluates and promotes once that round has enough complete groups.
 """
 
 from __future__ import annotations

@@ -83,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--port", type=int, default=8011, help="port for the started server")
     run.add_argument("--summary-json", type=Path, default=None, help="write the summary here")
+    run.add_argument(
+        "--prefect",
+        choices=("local", "temporary"),
+        default=os.environ.get("FLYWHEEL_PREFECT", "local"),
+        help="local: a Prefect server kept running between runs, whose UI shows them "
+        "(default); temporary: one for this run only. PREFECT_API_URL wins over both.",
+    )
+    run.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
     run.set_defaults(handler=_run)
 
     model_server = commands.add_parser(
@@ -569,10 +577,17 @@ def _settings(args: argparse.Namespace, **fixed: Any) -> Any:
     return settings
 
 
+def _use_local_prefect(workdir: Path, port: int) -> None:
+    """Point this process at `PREFECT_API_URL`, else at the local server (started once)."""
+    from flows import orchestrator
+
+    url = orchestrator.api_url(workdir.resolve() / "prefect", port)
+    os.environ["PREFECT_API_URL"] = url
+    print(f"Prefect API {url} (UI: {url.removesuffix('/api')})", file=sys.stderr)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import subprocess
-
-    from flows import orchestrator
 
     if args.gateway_port is not None and not _keys("FLYWHEEL_ADMIN_KEYS"):
         raise ValueError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway")
@@ -581,9 +596,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.db = f"sqlite:///{args.workdir}/flywheel.db"
     settings = _settings(args)
     model_path = _model_folder(args.model, args.workdir).resolve()
-    url = orchestrator.api_url(args.workdir / "prefect", args.prefect_port)
-    os.environ["PREFECT_API_URL"] = url
-    print(f"Prefect API {url} (UI: {url.removesuffix('/api')})", file=sys.stderr)
+    _use_local_prefect(args.workdir, args.prefect_port)
     gateway = None
     if args.gateway_port is not None:
         command = [
@@ -608,6 +621,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    if args.prefect == "local":
+        _use_local_prefect(args.workdir, args.prefect_port)
     model_path = _model_folder(args.model, args.workdir)
     served_name = model_path.name
     started = time.monotonic()

@@ -36,7 +36,7 @@ def api_url(home: Path, port: int = LOCAL_PORT, timeout_s: float = 120.0) -> str
     return url
 
 
-def _start(home: Path, port: int) -> None:
+def _start(home: Path, port: int) -> subprocess.Popen[bytes]:
     home.mkdir(parents=True, exist_ok=True)
     prefect = Path(sys.executable).parent / "prefect"
     log = (home / "server.log").open("ab")
@@ -49,6 +49,7 @@ def _start(home: Path, port: int) -> None:
         start_new_session=True,  # it outlives this command
     )
     (home / "server.pid").write_text(f"{process.pid}\n")
+    return process
 
 
 def _healthy(url: str) -> bool:

@@ -16,6 +16,9 @@ from sqlalchemy.engine import make_url
 from memory.records import Attempt, Group, Sample, SamplingSettings
 
 ROOT = Path(__file__).resolve().parent.parent
+# Tests run their flows on Prefect's test harness or a temporary server, never on a local
+# server that would outlive them (the CLI's default).
+os.environ["FLYWHEEL_PREFECT"] = "temporary"
 WORKDIR = ROOT / ".flywheel"
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
 

@@ -19,8 +19,9 @@ import json
 import math
 import random
 import re
+from collections.abc import Sequence
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from verifiers.errors import VerifierError
 from verifiers.problems import PROBLEMS, Problem
@@ -28,6 +29,7 @@ from verifiers.sandbox import Limits, Sandbox, Status
 from verifiers.task import Split, Task
 from verifiers.verdict import Verdict
 
+T = TypeVar("T")
 TASKSET = "code"
 UNFORMATTED_CREDIT = 0.5
 EVAL_EVERY = 4  # every fourth problem is held out
@@ -65,13 +67,27 @@ emit({"results": results})
 
 
 def eval_tasks(count: int) -> list[Task]:
-    return _tasks("eval", _split("eval"), count)
+    return [_task("eval", p) for p in split_items(TASKSET, PROBLEMS, "eval", count)]
 
 
 def train_tasks(count: int, seed: int) -> list[Task]:
-    problems = _split("train")
-    random.Random(seed).shuffle(problems)
-    return _tasks("train", problems, count)
+    return [_task("train", p) for p in split_items(TASKSET, PROBLEMS, "train", count, seed)]
+
+
+def split_items(
+    taskset: str, items: Sequence[T], split: Split, count: int, seed: int | None = None
+) -> list[T]:
+    """The first `count` items of a fixed set's split: every `EVAL_EVERY`-th item is held out;
+    train items are shuffled by `seed`."""
+    held_out = split == "eval"
+    chosen = [x for i, x in enumerate(items) if (i % EVAL_EVERY == EVAL_EVERY - 1) == held_out]
+    if seed is not None:
+        random.Random(seed).shuffle(chosen)
+    if not 1 <= count <= len(chosen):
+        raise VerifierError(
+            f"task set {taskset!r} has {len(chosen)} {split} tasks; asked for {count}"
+        )
+    return chosen[:count]
 
 
 def worked_example() -> tuple[str, str]:
@@ -165,19 +181,6 @@ def _behaviour(outcome: dict[str, Any]) -> str:
     """An answer key for outcome counting: a fingerprint of what the code returned."""
     digest = hashlib.sha256(json.dumps(outcome, sort_keys=True).encode()).hexdigest()
     return f"behaviour:{digest[:16]}"
-
-
-def _split(split: Split) -> list[Problem]:
-    held_out = split == "eval"
-    return [p for i, p in enumerate(PROBLEMS) if (i % EVAL_EVERY == EVAL_EVERY - 1) == held_out]
-
-
-def _tasks(split: Split, problems: list[Problem], count: int) -> list[Task]:
-    if not 1 <= count <= len(problems):
-        raise VerifierError(
-            f"task set {TASKSET!r} has {len(problems)} {split} tasks; asked for {count}"
-        )
-    return [_task(split, problem) for problem in problems[:count]]
 
 
 def _task(split: Split, problem: Problem) -> Task:

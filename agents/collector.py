@@ -37,11 +37,11 @@ from agents.context import (
     insight_messages,
     strategies_messages,
 )
-from agents.episode import reflect_and_replay, run_episode
+from agents.episode import retry_episode, run_episode
 from agents.errors import PolicyError
 from agents.insight import InsightBoard, judge
 from agents.policy import PolicyClient, Reviewer
-from agents.reflection import reflect, wants_retry
+from agents.reflection import Reflection, reflect, wants_retry
 from agents.strategy import StrategySettings, reflection_note, strategy_attempt
 from memory.records import Attempt, AttemptKind, Group, GroupPurpose, SamplingSettings
 from verifiers.catalog import averify, environment, is_episodic, system_prompt, worked_example
@@ -140,13 +140,8 @@ async def collect_group(
     else:
         attempts = await _sequential_attempts(policy, reviewer, task, settings, limiter, board)
     attempts = await _with_bare_ids(attempts, client, model, bare)
-    if settings.reflect_retry and is_episodic(task.taskset):
-        sampling = SamplingSettings(
-            temperature=settings.temperature, max_tokens=settings.max_tokens
-        )
-        attempts += await reflect_and_replay(policy, reviewer, task, attempts, sampling, limiter)
-    elif settings.reflect_retry:
-        attempts += await _reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
+    if settings.reflect_retry:
+        attempts += await reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     return Group(
         round_index=round_index,
         purpose=purpose,
@@ -286,7 +281,7 @@ async def _bare_ids(
         return None
 
 
-async def _reflect_and_retry(
+async def reflect_and_retry(
     policy: Reviewer,
     reviewer: Reviewer,
     task: Task,
@@ -294,11 +289,20 @@ async def _reflect_and_retry(
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
 ) -> list[Attempt]:
-    """Reflections and retries for the unguided attempts of a group short of full reward."""
-    client, model = policy.client, policy.model
+    """Reflections and retries for the unguided attempts of a group short of full reward: a
+    retry with the principle as a hint, or for an episode, a replay from the reflection's
+    step."""
     failed = [a for a in attempts if not a.guided and a.sample and a.reward < 1 and not a.error]
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
     extras: list[Attempt] = []
+
+    async def retry(parent: Attempt, reflection: Reflection) -> Attempt:
+        if is_episodic(task.taskset):
+            return await retry_episode(
+                policy.client, environment(task), parent, reflection.principle,
+                reflection.retry_from_step, sampling,
+            )  # fmt: skip
+        return await _hint_retry(policy, task, settings.system(task), parent, reflection, sampling)
 
     async def one(parent: Attempt) -> None:
         async with limiter:
@@ -306,34 +310,47 @@ async def _reflect_and_retry(
         if not wants_retry(parent, reflection):
             extras.append(reflection_attempt)
             return
-        assert reflection is not None and parent.sample is not None
-        messages = hint_messages(task, settings.system(task), reflection.principle)
+        assert reflection is not None
         async with limiter:
-            retry = await attempt_task(
-                client,
-                task,
-                messages,
-                model,
-                sampling,
-                parent.sample_index,
-                kind="retry",
-                context="hint",
-                guidance=reflection.principle,
-            )
-        improved = retry.error is None and retry.reward > parent.reward
-        retry = retry.model_copy(
-            update={
-                "parent_index": parent.sample_index,
-                "bare_prompt_token_ids": parent.sample.prompt_token_ids,
-                "improved": improved,
-            }
+            retried = await retry(parent, reflection)
+        extras.extend(
+            [reflection_attempt.model_copy(update={"improved": retried.improved}), retried]
         )
-        extras.extend([reflection_attempt.model_copy(update={"improved": improved}), retry])
 
     async with anyio.create_task_group() as tg:
         for parent in failed:
             tg.start_soon(one, parent)
     return sorted(extras, key=lambda a: (a.sample_index, a.kind))
+
+
+async def _hint_retry(
+    policy: Reviewer,
+    task: Task,
+    system: str,
+    parent: Attempt,
+    reflection: Reflection,
+    sampling: SamplingSettings,
+) -> Attempt:
+    """A one-step retry with the principle in the system prompt, paired with its parent."""
+    assert parent.sample is not None
+    retry = await attempt_task(
+        policy.client,
+        task,
+        hint_messages(task, system, reflection.principle),
+        policy.model,
+        sampling,
+        parent.sample_index,
+        kind="retry",
+        context="hint",
+        guidance=reflection.principle,
+    )
+    return retry.model_copy(
+        update={
+            "parent_index": parent.sample_index,
+            "bare_prompt_token_ids": parent.sample.prompt_token_ids,
+            "improved": retry.error is None and retry.reward > parent.reward,
+        }
+    )
 
 
 async def _with_bare_ids(

@@ -29,15 +29,10 @@ import re
 import uuid
 from typing import Any
 
-import anyio
-
 from agents.errors import PolicyError
-from agents.policy import PolicyClient, Reviewer
-from agents.reflection import reflect, wants_retry
+from agents.policy import PolicyClient
 from memory.records import Attempt, Sample, SamplingSettings
-from verifiers.catalog import environment
 from verifiers.episode import Environment
-from verifiers.task import Task
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_SEQUENCE = 1800
@@ -278,43 +273,6 @@ def _turn_position(messages: list[dict[str, Any]], turn: int) -> int:
             if seen == turn:
                 return position
     return len(messages)
-
-
-async def reflect_and_replay(
-    policy: Reviewer,
-    reviewer: Reviewer,
-    task: Task,
-    attempts: list[Attempt],
-    sampling: SamplingSettings,
-    limiter: anyio.CapacityLimiter,
-) -> list[Attempt]:
-    """R3L for episodes: reflect on each failed episode, then retry it from the reflection's
-    step, replaying the turns before it verbatim."""
-    failed = [a for a in attempts if a.sample and a.reward < 1 and not a.error]
-    extras: list[Attempt] = []
-
-    async def one(parent: Attempt) -> None:
-        async with limiter:
-            reflection_attempt, reflection = await reflect(reviewer, task.question, parent)
-        if not wants_retry(parent, reflection):
-            extras.append(reflection_attempt)
-            return
-        assert reflection is not None
-        async with limiter:
-            retry = await retry_episode(
-                policy.client,
-                environment(task),
-                parent,
-                reflection.principle,
-                reflection.retry_from_step,
-                sampling,
-            )
-        extras.extend([reflection_attempt.model_copy(update={"improved": retry.improved}), retry])
-
-    async with anyio.create_task_group() as tg:
-        for parent in failed:
-            tg.start_soon(one, parent)
-    return extras
 
 
 async def _reply_ids(

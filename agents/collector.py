@@ -405,4 +405,5 @@ async def attempt_task(
         format_ok=verdict.format_ok,
         answer=verdict.answer,
         reason=reason,
+        feedback=list(verdict.feedback),
     )

@@ -229,11 +229,13 @@ def _attempt(
         sample=sample,
         forced_spans=trace.forced,
         generated_tokens=trace.generated,
+        turns=max(1, len(trace.texts)),
         reward=verdict.reward,
         correct=verdict.correct,
         format_ok=verdict.format_ok,
         answer=verdict.answer,
         reason=reason,
+        feedback=list(verdict.feedback),
     )
 
 

@@ -104,6 +104,7 @@ async def strategy_attempt(
         format_ok=verdict.format_ok,
         answer=verdict.answer,
         reason=reason,
+        feedback=list(verdict.feedback),
         strategy=strategy.text.strip(),
         pivot_tokens=pivot,
         forced_spans=[_cue_span(sample, action, len(cue))] if exact else [],

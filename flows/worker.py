@@ -207,7 +207,10 @@ async def _collect_lot(
 
 
 def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> int:
-    """Store the group and finish its item in one transaction; 1 if the group was new."""
+    """Store the group, with the plan it was collected under, and finish its item in one
+    transaction; 1 if the group was new."""
+    conditioning = {key: value for key, value in item.plan.items() if key != "task"}
+    group = group.model_copy(update={"plan": conditioning})
     with store.transaction(engine) as session:
         if plan.outcome is not None and plan.outcome.enabled:
             counts = store.outcome_counts(session, group.task_id)

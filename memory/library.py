@@ -3,7 +3,8 @@
 1. Admission, once per library update: candidates are validated first (a bad one refuses the
    whole update, nothing written); at most `rate_limit[zone]` new entries per update; a candidate
    whose fingerprint (its normalised words) already exists in its scope refines that entry: the
-   longer text is kept, evidence adds up, utility is never reset.
+   longer text is kept, evidence adds up, utility is never reset. Each source (an attempt that
+   produced the candidate) counts once: re-curating the same round adds no evidence.
 2. Capacity per level (scope, scope key, zone): over capacity, the lowest-ranked unprotected
    entry is trimmed, rank = utility + c * sqrt(ln(1 + N) / (1 + n)) with N the exposures in the
    level and n the entry's (an exploration bonus for rarely shown entries). An entry is protected
@@ -30,7 +31,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from memory.errors import StoreError
-from memory.models import ExperienceEntryRow, ExperienceUseRow, LibraryEventRow
+from memory.models import (
+    ExperienceEntryRow,
+    ExperienceEvidenceRow,
+    ExperienceUseRow,
+    LibraryEventRow,
+)
 from memory.records import ExperienceEntry, Guidance, LibraryEvent, Zone
 
 Embed = Callable[[list[str]], list[bytes]]
@@ -75,21 +81,41 @@ def admit(
     guidance = _validated(candidates)
     report = Admission()
     new = {"do": 0, "avoid": 0}
+    counted = _counted_sources(session, [c.source for c in guidance])
     for candidate in guidance:
+        if candidate.source and candidate.source[:300] in counted:
+            report.refused.append((candidate.text, "evidence already counted"))
+            continue
         existing = _find(session, candidate)
         if existing is not None:
             _merge(session, existing, candidate)
             report.merged.append(existing.id)
+            entry_id: int | None = existing.id
         elif new[candidate.zone] >= settings.rate_limit[candidate.zone]:
             report.refused.append((candidate.text, "rate limit"))
+            entry_id = None
         elif (trimmed := _make_room(session, candidate, settings)) is False:
             report.refused.append((candidate.text, "level full of protected entries"))
+            entry_id = None
         else:
             report.trimmed += trimmed
-            report.added.append(_add(session, candidate, embed))
+            entry_id = _add(session, candidate, embed)
+            report.added.append(entry_id)
             new[candidate.zone] += 1
+        if entry_id is not None and candidate.source:
+            session.add(ExperienceEvidenceRow(entry_id=entry_id, source=candidate.source[:300]))
+            counted.add(candidate.source[:300])
     session.flush()
     return report
+
+
+def _counted_sources(session: Session, sources: list[str]) -> set[str]:
+    """The sources (evidence) among these that some entry already counts."""
+    wanted = [source[:300] for source in sources if source]
+    if not wanted:
+        return set()
+    query = select(ExperienceEvidenceRow.source).where(ExperienceEvidenceRow.source.in_(wanted))
+    return set(session.scalars(query))
 
 
 def record_use(
@@ -109,8 +135,12 @@ def record_use(
 def credit(session: Session, group_id: int, gain: float, settings: LibrarySettings) -> list[int]:
     """Credit the group's with/without gain to every entry it used; returns the entries pruned."""
     pruned = []
-    uses = session.scalars(select(ExperienceUseRow).where(ExperienceUseRow.group_id == group_id))
-    for use in uses:
+    uses = session.scalars(
+        select(ExperienceUseRow).where(
+            ExperienceUseRow.group_id == group_id, ExperienceUseRow.gain.is_(None)
+        )
+    )
+    for use in uses:  # a use not credited yet: crediting a group twice changes nothing
         use.gain = gain
         row = session.get(ExperienceEntryRow, use.entry_id)
         assert row is not None

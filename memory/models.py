@@ -77,6 +77,7 @@ class RolloutGroupRow(Base):
     complete: Mapped[bool] = mapped_column(Boolean, default=False)
     reward_mean: Mapped[float | None] = mapped_column(Float)
     reward_std: Mapped[float | None] = mapped_column(Float)
+    plan: Mapped[dict[str, Any] | None] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     attempts: Mapped[list[AttemptRow]] = relationship(
@@ -97,8 +98,6 @@ class AttemptRow(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column()
     completion: Mapped[str | None] = mapped_column(Text)
     prompt_token_ids: Mapped[list[Any] | None] = mapped_column()
-    completion_token_ids: Mapped[list[Any] | None] = mapped_column()
-    logprobs: Mapped[list[Any] | None] = mapped_column()
     finish_reason: Mapped[str | None] = mapped_column(String(30))
     reward: Mapped[float] = mapped_column(Float)
     correct: Mapped[bool] = mapped_column(Boolean)
@@ -114,12 +113,97 @@ class AttemptRow(Base):
     improved: Mapped[bool | None] = mapped_column(Boolean)
     shaped_reward: Mapped[float | None] = mapped_column(Float)
     shaping: Mapped[dict[str, Any] | None] = mapped_column()
-    strategy: Mapped[str | None] = mapped_column(Text)
-    forced_spans: Mapped[list[Any] | None] = mapped_column()
+    strategy_id: Mapped[int | None] = mapped_column(ForeignKey("strategy.id"), index=True)
+    turns: Mapped[int] = mapped_column(Integer, default=1)
     generated_tokens: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     group: Mapped[RolloutGroupRow] = relationship(back_populates="attempts")
+    strategy: Mapped[StrategyRow | None] = relationship()
+    segments: Mapped[list[SegmentRow]] = relationship(order_by="SegmentRow.segment_index")
+    verdict: Mapped[VerdictRow | None] = relationship()
+
+
+class StrategyRow(Base):
+    """A distinct strategy text (SGE) of a task set; attempts sampled under it point here."""
+
+    __tablename__ = "strategy"
+    __table_args__ = (Unique("taskset", "fingerprint"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    taskset: Mapped[str] = mapped_column(String(100))
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    text: Mapped[str] = mapped_column(Text)
+
+
+class StepRow(Base):
+    """One turn of an attempt: observation, action, reward, and whether it was replayed."""
+
+    __tablename__ = "step"
+    __table_args__ = (Unique("attempt_id", "step_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"))
+    step_index: Mapped[int] = mapped_column(Integer)
+    observation: Mapped[str] = mapped_column(Text)
+    action: Mapped[str] = mapped_column(Text)
+    replayed: Mapped[bool] = mapped_column(Boolean, default=False)
+    reward: Mapped[float | None] = mapped_column(Float)
+    outcome: Mapped[float] = mapped_column(Float)
+    temperature: Mapped[float | None] = mapped_column(Float)
+    strategy_temperature: Mapped[float | None] = mapped_column(Float)
+
+
+class SegmentRow(Base):
+    """A span of an attempt's completion tokens with one loss type; ids and behaviour logprobs
+    packed as little-endian int32 and float64 (`memory.trajectory`)."""
+
+    __tablename__ = "segment"
+    __table_args__ = (Unique("attempt_id", "segment_index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempt.id", ondelete="CASCADE"))
+    segment_index: Mapped[int] = mapped_column(Integer)
+    step_index: Mapped[int] = mapped_column(Integer)
+    start: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[str] = mapped_column(String(10))
+    token_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    temperature: Mapped[float | None] = mapped_column(Float)
+    weight: Mapped[float] = mapped_column(Float)
+    advantage: Mapped[float | None] = mapped_column(Float)
+
+
+class VerdictRow(Base):
+    """The verifier's output for an attempt; `feedback` is private and never prompted."""
+
+    __tablename__ = "verdict"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(
+        ForeignKey("attempt.id", ondelete="CASCADE"), unique=True
+    )
+    verifier: Mapped[str] = mapped_column(String(100))
+    score: Mapped[float] = mapped_column(Float)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    format_ok: Mapped[bool] = mapped_column(Boolean)
+    feedback: Mapped[list[Any]] = mapped_column()
+
+
+class ReflectionRow(Base):
+    """A reflection or insight, its JSON fields, and whether it led to a better retry."""
+
+    __tablename__ = "reflection"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(
+        ForeignKey("attempt.id", ondelete="CASCADE"), unique=True
+    )
+    kind: Mapped[str] = mapped_column(String(20))
+    target_index: Mapped[int | None] = mapped_column(Integer)
+    valid: Mapped[bool] = mapped_column(Boolean)
+    fields: Mapped[dict[str, Any]] = mapped_column()
+    led_to_success: Mapped[bool | None] = mapped_column(Boolean)
 
 
 class OutcomeCountRow(Base):
@@ -202,6 +286,16 @@ class ExperienceUseRow(Base):
     rank: Mapped[int] = mapped_column(Integer)
     similarity: Mapped[float | None] = mapped_column(Float)
     gain: Mapped[float | None] = mapped_column(Float)
+
+
+class ExperienceEvidenceRow(Base):
+    """Each piece of evidence an entry was built from, once: re-curating a round adds none."""
+
+    __tablename__ = "experience_evidence"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    entry_id: Mapped[int] = mapped_column(ForeignKey("experience_entry.id"), index=True)
+    source: Mapped[str] = mapped_column(String(300), unique=True)
 
 
 class LibraryEventRow(Base):

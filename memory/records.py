@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 AttemptKind = Literal["base", "guided", "retry", "reflection", "insight"]
+LossType = Literal["policy", "pivot", "forced"]
 GroupPurpose = Literal["train", "eval", "capture"]
 AdvantageMode = Literal["grpo", "r3l", "rltldr"]
 
@@ -69,7 +70,9 @@ class Attempt(Record):
     `forced_spans` are other (start, end) completion spans the policy did not sample. Kinds
     "reflection" and "insight" hold the policy's own text about another attempt, which
     `improved` marks when it led to a better retry. `shaped_reward` and its terms (`shaping`)
-    are kept apart from the verifier's `reward`.
+    are kept apart from the verifier's `reward`. An episode of `turns` turns has one step per
+    turn: a turn's sampled reply and the environment's forced reply after it. `feedback` is the
+    verifier's private output (what passed and what failed), stored apart and never prompted.
     """
 
     sample_index: int
@@ -95,6 +98,8 @@ class Attempt(Record):
     shaped_reward: float | None = None
     shaping: dict[str, float] | None = None
     strategy: str | None = None
+    turns: int = Field(1, ge=1)
+    feedback: list[str] = Field(default_factory=list)
 
     @classmethod
     def failed(cls, error: str, **fields: Any) -> Attempt:
@@ -107,6 +112,20 @@ class Attempt(Record):
     @classmethod
     def _no_spans(cls, value: Any) -> Any:
         return [] if value is None else value
+
+    @model_validator(mode="after")
+    def _spans_fit(self) -> Attempt:
+        """Forced spans are sorted, disjoint and inside the completion; so is the pivot."""
+        if self.sample is None:
+            return self
+        length, end = len(self.sample.completion_token_ids), 0
+        for start, stop in self.forced_spans:
+            if not end <= start <= stop <= length:
+                raise ValueError(f"forced span {(start, stop)} is out of order or past {length}")
+            end = stop
+        if self.pivot_tokens > length:
+            raise ValueError(f"pivot {self.pivot_tokens} is past the completion ({length})")
+        return self
 
     @property
     def guided(self) -> bool:
@@ -124,7 +143,11 @@ class Attempt(Record):
 
 
 class Group(Record):
-    """All attempts of one task under one policy version in one round: the GRPO unit."""
+    """All attempts of one task under one policy version in one round: the GRPO unit.
+
+    `plan` is the conditioning plan it was collected under: the sampling settings (which slots
+    were guided, by what), the outcome shaping and the library entries shown.
+    """
 
     id: int | None = None
     round_index: int
@@ -135,6 +158,12 @@ class Group(Record):
     policy_version: str
     size: int = Field(ge=1)
     attempts: list[Attempt]
+    plan: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("plan", mode="before")
+    @classmethod
+    def _no_plan(cls, value: Any) -> Any:
+        return {} if value is None else value
 
     @property
     def complete(self) -> bool:
@@ -250,3 +279,49 @@ class LibraryEvent(Record):
     before: dict[str, Any] = Field(default_factory=dict)
     after: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime | None = None
+
+
+class Segment(Record):
+    """A span of an attempt's completion tokens produced one way: sampled by the policy
+    (`policy`, trained), replayed or forced as a prefix (`pivot`), or inserted by the agent or the
+    environment (`forced`); masked spans carry weight 0. `advantage` is set by the training
+    round that trained the span."""
+
+    index: int
+    step_index: int
+    start: int = Field(ge=0)
+    loss: LossType
+    token_ids: list[int]
+    logprobs: list[float]
+    temperature: float | None = None
+    weight: float
+    advantage: float | None = None
+
+
+class Step(Record):
+    """One turn of an attempt: what the agent saw, what it did, and what came of it. A one-step
+    task has one step; `replayed` marks a turn a retry copied from its parent."""
+
+    index: int
+    observation: str
+    action: str
+    replayed: bool = False
+    reward: float | None = None
+    outcome: float
+    temperature: float | None = None
+    strategy: str | None = None
+    strategy_temperature: float | None = None
+
+
+class StrategyStats(Record):
+    """How first attempts fared under one strategy text (SGE), over all groups."""
+
+    taskset: str
+    text: str
+    attempts: int
+    successes: int
+    mean_reward: float
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.attempts if self.attempts else 0.0

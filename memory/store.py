@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 from collections.abc import Iterator
@@ -19,20 +20,27 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy import Engine, case, create_engine, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
+from memory import trajectory
 from memory.errors import StoreError
+from memory.library import fingerprint
 from memory.models import (
     AliasEventRow,
     AttemptRow,
     OutcomeCountRow,
     PolicyVersionRow,
+    ReflectionRow,
     RolloutGroupRow,
+    SegmentRow,
+    StepRow,
+    StrategyRow,
     TrainingRoundRow,
+    VerdictRow,
 )
 from memory.records import (
     AliasEvent,
@@ -40,10 +48,19 @@ from memory.records import (
     Group,
     GroupPurpose,
     PolicyVersion,
+    Segment,
+    Step,
+    StrategyStats,
     TrainingRound,
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+_ATTEMPTS = selectinload(RolloutGroupRow.attempts)
+_ATTEMPT_PARTS = (
+    _ATTEMPTS.selectinload(AttemptRow.segments),
+    _ATTEMPTS.selectinload(AttemptRow.verdict),
+    _ATTEMPTS.selectinload(AttemptRow.strategy),
+)
 
 
 def open_store(url: str) -> Engine:
@@ -87,17 +104,140 @@ def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
         "policy_version": group.policy_version,
     }
     values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
+    values["plan"] = group.plan or None
     statement = insert_for(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
     inserted = session.scalar(statement.returning(RolloutGroupRow.id))
     group_id = inserted or session.scalar(select(RolloutGroupRow.id).filter_by(**key))
     assert group_id is not None
     if group.attempts:
-        rows = [{"group_id": group_id, **_attempt_columns(a)} for a in group.attempts]
-        session.execute(insert_for(session, AttemptRow).on_conflict_do_nothing(), rows)
+        _save_attempts(session, group_id, group)
     session.flush()
     # A new group holds exactly the attempts given; an old one may hold others: reload it.
     _refresh_group_stats(session, group_id, group if inserted is not None else None)
     return group_id, inserted is not None
+
+
+def _save_attempts(session: Session, group_id: int, group: Group) -> None:
+    """Insert the attempts not stored yet, then the steps, segments, verdicts and reflections of
+    those just inserted: an attempt and its parts are written once, together."""
+    strategies = _strategy_ids(session, group.taskset, [a.strategy for a in group.attempts])
+    rows = [{"group_id": group_id, **_attempt_columns(a, strategies)} for a in group.attempts]
+    returning = (AttemptRow.id, AttemptRow.sample_index, AttemptRow.kind)
+    statement = insert_for(session, AttemptRow).on_conflict_do_nothing().returning(*returning)
+    new = {(index, kind): id_ for id_, index, kind in session.execute(statement, rows)}
+    parts: dict[type, list[dict[str, Any]]] = {SegmentRow: [], StepRow: [], VerdictRow: []}
+    parts[ReflectionRow] = []
+    for attempt in group.attempts:
+        attempt_id = new.get((attempt.sample_index, attempt.kind))
+        if attempt_id is not None:
+            _attempt_parts(attempt_id, attempt, group.taskset, parts)
+    for table, values in parts.items():
+        if values:
+            session.execute(insert_for(session, table), values)
+
+
+def _attempt_parts(
+    attempt_id: int, attempt: Attempt, taskset: str, parts: dict[type, list[dict[str, Any]]]
+) -> None:
+    for piece in trajectory.segments(attempt):
+        parts[SegmentRow].append({"attempt_id": attempt_id, **_segment_columns(piece)})
+    for step in trajectory.steps(attempt):
+        parts[StepRow].append({"attempt_id": attempt_id, **_step_columns(step)})
+    if attempt.sample is None or attempt.error is not None:
+        return
+    if attempt.kind in ("base", "guided", "retry"):
+        parts[VerdictRow].append(
+            {
+                "attempt_id": attempt_id,
+                "verifier": taskset,
+                "score": attempt.reward,
+                "correct": attempt.correct,
+                "format_ok": attempt.format_ok,
+                "feedback": attempt.feedback,
+            }
+        )
+    elif attempt.kind in ("reflection", "insight"):
+        parts[ReflectionRow].append(
+            {
+                "attempt_id": attempt_id,
+                "kind": attempt.kind,
+                "target_index": attempt.parent_index,
+                "valid": attempt.format_ok,
+                "fields": _json_fields(attempt.sample.text) if attempt.format_ok else {},
+                "led_to_success": attempt.improved,
+            }
+        )
+
+
+def _strategy_ids(session: Session, taskset: str, texts: list[str | None]) -> dict[str, int]:
+    """The strategy table's id of each distinct text (inserted when new)."""
+    keys = {text: fingerprint(text) for text in texts if text}
+    if not keys:
+        return {}
+    firsts = {key: text for text, key in reversed(keys.items())}  # a fingerprint's first text
+    values = [{"taskset": taskset, "fingerprint": k, "text": t} for k, t in firsts.items()]
+    session.execute(insert_for(session, StrategyRow).on_conflict_do_nothing(), values)
+    query = select(StrategyRow.fingerprint, StrategyRow.id).where(
+        StrategyRow.taskset == taskset, StrategyRow.fingerprint.in_(firsts)
+    )
+    ids = dict(session.execute(query).tuples().all())
+    return {text: ids[key] for text, key in keys.items()}
+
+
+def strategy_stats(session: Session, taskset: str | None = None) -> list[StrategyStats]:
+    """Success rate per strategy over first attempts, most tried first."""
+    first = AttemptRow.kind.in_(("base", "guided")) & AttemptRow.error.is_(None)
+    query = (
+        select(
+            StrategyRow.taskset,
+            StrategyRow.text,
+            func.count(AttemptRow.id),
+            func.sum(case((AttemptRow.correct, 1), else_=0)),
+            func.avg(AttemptRow.reward),
+        )
+        .join(AttemptRow, AttemptRow.strategy_id == StrategyRow.id)
+        .where(first)
+        .group_by(StrategyRow.id, StrategyRow.taskset, StrategyRow.text)
+        .order_by(func.count(AttemptRow.id).desc(), StrategyRow.id)
+    )
+    if taskset is not None:
+        query = query.where(StrategyRow.taskset == taskset)
+    return [
+        StrategyStats(taskset=t, text=x, attempts=n, successes=int(k or 0), mean_reward=float(r))
+        for t, x, n, k, r in session.execute(query)
+    ]
+
+
+def attempt_steps(session: Session, group_id: int, sample_index: int, kind: str) -> list[Step]:
+    """The stored steps of one attempt, in order."""
+    query = _parts(StepRow, group_id, sample_index, kind)
+    return [_step_record(row) for row in session.scalars(query)]
+
+
+def attempt_segments(
+    session: Session, group_id: int, sample_index: int, kind: str
+) -> list[Segment]:
+    """The stored token segments of one attempt, in order."""
+    query = _parts(SegmentRow, group_id, sample_index, kind)
+    return [_segment_record(row) for row in session.scalars(query)]
+
+
+def set_advantages(
+    session: Session, group_id: int, advantages: dict[tuple[int, str], float]
+) -> None:
+    """Record the advantage a training round gave each attempt (by sample index and kind) on its
+    trained segments."""
+    rows = session.execute(
+        select(AttemptRow.id, AttemptRow.sample_index, AttemptRow.kind).filter_by(group_id=group_id)
+    )
+    for attempt_id, index, kind in rows:
+        if (index, kind) in advantages:
+            session.execute(
+                update(SegmentRow)
+                .where(SegmentRow.attempt_id == attempt_id, SegmentRow.loss == "policy")
+                .values(advantage=advantages[(index, kind)])
+            )
+    session.flush()
 
 
 def load_groups(
@@ -114,17 +254,14 @@ def load_groups(
         query = query.filter_by(policy_version=policy_version)
     if complete_only:
         query = query.filter_by(complete=True)
-    rows = session.scalars(query.options(selectinload(RolloutGroupRow.attempts)))
+    rows = session.scalars(query.options(*_ATTEMPT_PARTS))
     return [_group_record(row) for row in rows]
 
 
 def groups_by_id(session: Session, group_ids: list[int]) -> list[Group]:
     """The groups of a data cursor, in cursor order; `StoreError` if one is gone."""
     query = select(RolloutGroupRow).where(RolloutGroupRow.id.in_(group_ids))
-    rows = {
-        row.id: row
-        for row in session.scalars(query.options(selectinload(RolloutGroupRow.attempts)))
-    }
+    rows = {row.id: row for row in session.scalars(query.options(*_ATTEMPT_PARTS))}
     missing = [gid for gid in group_ids if gid not in rows]
     if missing:
         raise StoreError(f"groups {missing[:5]} of the round's cursor are missing")
@@ -173,6 +310,9 @@ def record_feedback(session: Session, task_id: str, score: float, reason: str) -
     attempt.reward = score
     attempt.correct = score >= 1.0
     attempt.reason = reason
+    verdict = attempt.verdict or VerdictRow(attempt_id=attempt.id, feedback=[], format_ok=True)
+    verdict.verifier, verdict.score, verdict.correct = "feedback", score, attempt.correct
+    session.add(verdict)
     session.flush()
     _refresh_group_stats(session, group.id)
 
@@ -308,7 +448,7 @@ def insert_for(session: Session, table: type) -> Any:
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
-def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
+def _attempt_columns(attempt: Attempt, strategies: dict[str, int]) -> dict[str, Any]:
     sample = attempt.sample
     return {
         "sample_index": attempt.sample_index,
@@ -318,8 +458,6 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "sampling": attempt.sampling.model_dump(),
         "completion": sample.text if sample else None,
         "prompt_token_ids": sample.prompt_token_ids if sample else None,
-        "completion_token_ids": sample.completion_token_ids if sample else None,
-        "logprobs": sample.logprobs if sample else None,
         "finish_reason": sample.finish_reason if sample else None,
         "reward": attempt.reward,
         "correct": attempt.correct,
@@ -335,10 +473,72 @@ def _attempt_columns(attempt: Attempt) -> dict[str, Any]:
         "improved": attempt.improved,
         "shaped_reward": attempt.shaped_reward,
         "shaping": attempt.shaping,
-        "strategy": attempt.strategy,
-        "forced_spans": [list(span) for span in attempt.forced_spans],
+        "strategy_id": strategies.get(attempt.strategy or ""),
+        "turns": attempt.turns,
         "generated_tokens": attempt.generated_tokens,
     }
+
+
+def _segment_columns(piece: Segment) -> dict[str, Any]:
+    return {
+        "segment_index": piece.index,
+        "step_index": piece.step_index,
+        "start": piece.start,
+        "loss": piece.loss,
+        "token_ids": trajectory.pack_ids(piece.token_ids),
+        "logprobs": trajectory.pack_floats(piece.logprobs),
+        "temperature": piece.temperature,
+        "weight": piece.weight,
+        "advantage": piece.advantage,
+    }
+
+
+def _segment_record(row: SegmentRow) -> Segment:
+    return Segment(
+        index=row.segment_index,
+        step_index=row.step_index,
+        start=row.start,
+        loss=row.loss,  # type: ignore[arg-type]
+        token_ids=trajectory.unpack_ids(row.token_ids),
+        logprobs=trajectory.unpack_floats(row.logprobs),
+        temperature=row.temperature,
+        weight=row.weight,
+        advantage=row.advantage,
+    )
+
+
+def _step_columns(step: Step) -> dict[str, Any]:
+    values = step.model_dump(exclude={"schema_version", "index", "strategy"})
+    return {"step_index": step.index, **values}
+
+
+def _step_record(row: StepRow) -> Step:
+    return Step(
+        index=row.step_index,
+        observation=row.observation,
+        action=row.action,
+        replayed=row.replayed,
+        reward=row.reward,
+        outcome=row.outcome,
+        temperature=row.temperature,
+        strategy_temperature=row.strategy_temperature,
+    )
+
+
+def _parts(table: type, group_id: int, sample_index: int, kind: str) -> Any:
+    attempt = select(AttemptRow.id).filter_by(
+        group_id=group_id, sample_index=sample_index, kind=kind
+    )
+    index = table.step_index if table is StepRow else table.segment_index  # type: ignore[attr-defined]
+    return select(table).where(table.attempt_id.in_(attempt)).order_by(index)  # type: ignore[attr-defined]
+
+
+def _json_fields(text: str) -> dict[str, Any]:
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return fields if isinstance(fields, dict) else {}
 
 
 def _refresh_group_stats(session: Session, group_id: int, group: Group | None = None) -> None:
@@ -365,19 +565,16 @@ def _group_record(row: RolloutGroupRow) -> Group:
         policy_version=row.policy_version,
         size=row.size,
         attempts=[_attempt_record(a) for a in row.attempts],
+        plan=row.plan or {},
     )
 
 
 def _attempt_record(row: AttemptRow) -> Attempt:
-    sample = None
-    if row.completion_token_ids is not None:
-        sample = {
-            "text": row.completion or "",
-            "prompt_token_ids": row.prompt_token_ids,
-            "completion_token_ids": row.completion_token_ids,
-            "logprobs": row.logprobs,
-            "finish_reason": row.finish_reason or "unknown",
-        }
+    sample, pieces = None, [_segment_record(piece) for piece in row.segments]
+    if row.prompt_token_ids is not None and row.finish_reason is not None:
+        sample = trajectory.joined(
+            row.prompt_token_ids, row.completion or "", row.finish_reason, pieces
+        )
     return Attempt.model_validate(
         {
             "sample_index": row.sample_index,
@@ -400,9 +597,11 @@ def _attempt_record(row: AttemptRow) -> Attempt:
             "improved": row.improved,
             "shaped_reward": row.shaped_reward,
             "shaping": row.shaping,
-            "strategy": row.strategy,
-            "forced_spans": row.forced_spans,
+            "strategy": row.strategy.text if row.strategy else None,
+            "forced_spans": trajectory.forced_spans(pieces),
             "generated_tokens": row.generated_tokens,
+            "turns": row.turns,
+            "feedback": row.verdict.feedback if row.verdict else [],
         }
     )
 

@@ -16,7 +16,8 @@ from tests.conftest import make_group
 
 
 def tip(text: str, zone: str = "do", scope: str = "task_type", key: str = "arithmetic") -> Guidance:
-    return Guidance(kind="insight", scope=scope, scope_key=key, zone=zone, text=text, source="test")
+    source = f"test: {text}"  # each text its own piece of evidence
+    return Guidance(kind="insight", scope=scope, scope_key=key, zone=zone, text=text, source=source)
 
 
 def show_and_credit(
@@ -58,6 +59,35 @@ def test_a_duplicate_merges_its_evidence_and_keeps_the_utility(db_url: str) -> N
     assert entries[entry_id].evidence == 2
     assert entries[entry_id].utility == pytest.approx(0.1)
     assert actions == ["add", "credit", "merge"]
+
+
+def test_the_same_evidence_counts_once_however_often_it_is_curated(db_url: str) -> None:
+    engine, settings = open_store(db_url), LibrarySettings()
+    seen = Guidance(kind="principle", scope="global", text="Reread the question.", source="a 1")
+    again = seen.model_copy(update={"text": "reread the QUESTION"})
+    other = seen.model_copy(update={"source": "a 2"})
+    with transaction(engine) as session:
+        first = library.admit(session, [seen, again], settings)
+    with transaction(engine) as session:
+        rerun = library.admit(session, [seen], settings)
+        later = library.admit(session, [other], settings)
+        (entry,) = library.entries(session)
+    assert len(first.added) == 1 and first.refused == [(again.text, "evidence already counted")]
+    assert rerun.refused == [(seen.text, "evidence already counted")] and not rerun.merged
+    assert later.merged == [entry.id] and entry.evidence == 2
+
+
+def test_crediting_a_group_twice_changes_nothing(db_url: str) -> None:
+    engine, settings = open_store(db_url), LibrarySettings()
+    with transaction(engine) as session:
+        (entry_id,) = library.admit(session, [tip("Estimate first.")], settings).added
+    (group_id,) = groups_for(engine, 1)
+    with transaction(engine) as session:
+        library.record_use(session, group_id, [entry_id], [0.8])
+        library.credit(session, group_id, 1.0, settings)
+        library.credit(session, group_id, 1.0, settings)
+        utility = library.entry(session, entry_id).utility
+    assert utility == pytest.approx(0.1)
 
 
 def test_a_longer_rewording_with_the_same_words_replaces_the_text(db_url: str) -> None:

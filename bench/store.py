@@ -1,8 +1,10 @@
 """Store benchmark: attempt ingest and concurrent work claims, on SQLite and PostgreSQL.
 
-1. Ingest: `--groups` groups of `--group-size` attempts, each attempt with `--tokens` completion
-   token ids and logprobs, saved `--per-tx` groups per transaction through the store's own
-   idempotent upserts. Reports trajectories (attempts) per second.
+1. Ingest: `--groups` groups of `--group-size` attempts, each an episode of `--steps` turns of
+   `--tokens` sampled tokens and an 8-token forced reply (so `--steps` step rows, about twice as
+   many token segments and a verdict per attempt), saved `--per-tx` groups per transaction
+   through the store's own idempotent upserts. Reports trajectories (attempts) per second, and
+   the rate at which they are read back as records.
 2. Claims: `--items` work items claimed and completed by `--workers` processes at once, `--lot`
    at a time. Reports items per second and how many were claimed twice (must be 0).
 3. Retrieval: a library of `--entries` entries admitted through the library's own rules (with
@@ -54,7 +56,8 @@ def main() -> None:
     parser.add_argument("--pg-url", default=os.environ.get("FLYWHEEL_TEST_PG_URL"))
     parser.add_argument("--groups", type=int, default=500)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=24, help="sampled tokens per step")
     parser.add_argument("--per-tx", type=int, default=16)
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=4)
@@ -82,15 +85,20 @@ def measure(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     for start in range(0, len(groups), args.per_tx):
         with store.transaction(engine) as session:
-            for group in groups[start : start + args.per_tx]:
-                store.save_group(session, group)
+            store.save_groups(session, groups[start : start + args.per_tx])
     ingest_s = time.perf_counter() - started
+    started = time.perf_counter()
+    with store.transaction(engine) as session:
+        loaded = store.load_groups(session, "train")
+    load_s = time.perf_counter() - started
+    assert [g.attempts for g in loaded] == [g.attempts for g in groups], "round trip differs"
     claims_per_s, duplicates, lost = claim_race(url, engine, args)
     retrieval = retrieval_latency(engine, args)
     engine.dispose()
     return {
         "database": name,
         "trajectories_per_s": args.groups * args.group_size / ingest_s,
+        "loaded_per_s": args.groups * args.group_size / load_s,
         "claims_per_s": claims_per_s,
         "duplicates": duplicates,
         "lost": lost,
@@ -150,29 +158,6 @@ def embedder_once() -> Embedder:
 
 
 def make_group(index: int, args: argparse.Namespace) -> Group:
-    ids = list(range(args.tokens))
-    sample = Sample(
-        text="x" * args.tokens,
-        prompt_token_ids=list(range(64)),
-        completion_token_ids=ids,
-        logprobs=[-0.5] * args.tokens,
-        finish_reason="stop",
-    )
-    attempts = [
-        Attempt(
-            sample_index=k,
-            policy_version="bench",
-            messages=[{"role": "user", "content": f"task {index}"}],
-            sampling=SamplingSettings(temperature=1.0, max_tokens=args.tokens),
-            sample=sample,
-            reward=float(k % 2),
-            correct=bool(k % 2),
-            format_ok=True,
-            answer=str(k),
-            reason="bench",
-        )
-        for k in range(args.group_size)
-    ]
     return Group(
         round_index=1,
         purpose="train",
@@ -181,7 +166,45 @@ def make_group(index: int, args: argparse.Namespace) -> Group:
         size=args.group_size,
         question=f"task {index}",
         policy_version="bench",
-        attempts=attempts,
+        attempts=[make_episode(index, k, args) for k in range(args.group_size)],
+    )
+
+
+def make_episode(index: int, slot: int, args: argparse.Namespace) -> Attempt:
+    """`--steps` turns: sampled tokens, then an 8-token forced reply after each but the last."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    spans: list[tuple[int, int]] = []
+    messages = [{"role": "user", "content": f"task {index}"}]
+    for step in range(args.steps):
+        ids += [(index + slot + step + t) % 49_152 for t in range(args.tokens)]
+        logprobs += [-0.5 - t / args.tokens for t in range(args.tokens)]
+        messages.append({"role": "assistant", "content": f"move {step}"})
+        if step < args.steps - 1:
+            spans.append((len(ids), len(ids) + 8))
+            ids += [7] * 8
+            logprobs += [0.0] * 8
+            messages.append({"role": "user", "content": f"reply {step}"})
+    return Attempt(
+        sample_index=slot,
+        policy_version="bench",
+        messages=messages,
+        sampling=SamplingSettings(temperature=1.0, max_tokens=args.tokens),
+        sample=Sample(
+            text=" ".join(m["content"] for m in messages),
+            prompt_token_ids=list(range(64)),
+            completion_token_ids=ids,
+            logprobs=logprobs,
+            finish_reason="stop",
+        ),
+        reward=float(slot % 2),
+        correct=bool(slot % 2),
+        format_ok=True,
+        answer=str(slot),
+        reason="bench",
+        forced_spans=spans,
+        turns=args.steps,
+        feedback=["turn ok"] * args.steps,
     )
 
 
@@ -252,18 +275,21 @@ class scratch_database:
 def print_table(result: dict[str, Any]) -> None:
     s = result["settings"]
     print(
-        f"{'database':<11} {'trajectories/s':>15} {'claims/s':>9} {'duplicates':>11} {'lost':>5} "
+        f"{'database':<11} {'trajectories/s':>15} {'read/s':>7} {'claims/s':>9} "
+        f"{'duplicates':>11} {'lost':>5} "
         f"{'emb p50/p99 ms':>15} {'bm25 p50/p99 ms':>16}"
     )
     for r in result["databases"]:
         print(
-            f"{r['database']:<11} {r['trajectories_per_s']:>15.0f} {r['claims_per_s']:>9.0f} "
+            f"{r['database']:<11} {r['trajectories_per_s']:>15.0f} {r['loaded_per_s']:>7.0f} "
+            f"{r['claims_per_s']:>9.0f} "
             f"{r['duplicates']:>11} {r['lost']:>5} "
             f"{r['embedding_p50_ms']:>7.1f}/{r['embedding_p99_ms']:<7.1f} "
             f"{r['bm25_p50_ms']:>8.1f}/{r['bm25_p99_ms']:<7.1f}"
         )
     print(
-        f"ingest: {s['groups']} groups x {s['group_size']} attempts of {s['tokens']} tokens, "
+        f"ingest: {s['groups']} groups x {s['group_size']} episodes of {s['steps']} steps "
+        f"({s['tokens']} sampled + 8 forced tokens each), "
         f"{s['per_tx']} groups per transaction; claims: {s['items']} items, "
         f"{s['workers']} processes, lots of {s['lot']}; retrieval: "
         f"{result['databases'][0]['library_entries']} entries, top 6 within 800 characters"

@@ -111,7 +111,7 @@ class Attempt(Record):
     @field_validator("forced_spans", mode="before")
     @classmethod
     def _no_spans(cls, value: Any) -> Any:
-        return [] if value is None else value
+        return [span for span in value or [] if span[0] != span[1]]  # an empty span masks nothing
 
     @model_validator(mode="after")
     def _spans_fit(self) -> Attempt:

@@ -20,7 +20,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, case, create_engine, event, func, select, update
+from sqlalchemy import JSON, Engine, case, create_engine, event, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -92,48 +92,132 @@ def transaction(engine: Engine) -> Iterator[Session]:
 
 def save_group(session: Session, group: Group) -> int:
     """Upsert a group and its attempts by natural key; returns the group id."""
-    return save_new_group(session, group)[0]
+    return save_groups(session, [group])[0][0]
 
 
 def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
     """Upsert a group and its attempts; returns the group id and whether the group is new."""
-    key = {
+    return save_groups(session, [group])[0]
+
+
+def save_groups(session: Session, groups: list[Group]) -> list[tuple[int, bool]]:
+    """Upsert groups and their attempts by natural key, a few batched statements for all of
+    them; returns each group's id and whether it is new. A new group's statistics come from the
+    group given; an old one may hold other attempts, so it is re-read."""
+    table = RolloutGroupRow.__table__
+    natural = (table.c.round_index, table.c.purpose, table.c.task_id, table.c.policy_version)
+    rows = [_group_columns(group) for group in groups]
+    statement = insert_for(session, table).on_conflict_do_nothing()
+    ids = {
+        tuple(key): id_
+        for id_, *key in session.execute(statement.returning(table.c.id, *natural), rows)
+    }
+    new = set(ids.values())
+    for group in groups:
+        key = _group_key(group)
+        if key not in ids:
+            query = select(table.c.id).where(*(c == v for c, v in zip(natural, key, strict=True)))
+            ids[key] = session.scalars(query).one()
+    _save_attempts(session, [(ids[_group_key(g)], g) for g in groups if g.attempts])
+    session.flush()
+    for group in groups:
+        if ids[_group_key(group)] not in new:
+            _refresh_group_stats(session, ids[_group_key(group)])
+    return [(ids[_group_key(g)], ids[_group_key(g)] in new) for g in groups]
+
+
+def _group_key(group: Group) -> tuple[Any, ...]:
+    return (group.round_index, group.purpose, group.task_id, group.policy_version)
+
+
+def _group_columns(group: Group) -> dict[str, Any]:
+    rewards = [a.reward for a in group.first_attempts]
+    return {
         "round_index": group.round_index,
         "purpose": group.purpose,
         "task_id": group.task_id,
         "policy_version": group.policy_version,
+        "taskset": group.taskset,
+        "question": group.question,
+        "size": group.size,
+        "plan": group.plan or None,
+        "complete": group.complete,
+        "reward_mean": statistics.fmean(rewards) if rewards else None,
+        "reward_std": statistics.pstdev(rewards) if rewards else None,
     }
-    values = {**key, "taskset": group.taskset, "question": group.question, "size": group.size}
-    values["plan"] = group.plan or None
-    statement = insert_for(session, RolloutGroupRow).values(**values).on_conflict_do_nothing()
-    inserted = session.scalar(statement.returning(RolloutGroupRow.id))
-    group_id = inserted or session.scalar(select(RolloutGroupRow.id).filter_by(**key))
-    assert group_id is not None
-    if group.attempts:
-        _save_attempts(session, group_id, group)
-    session.flush()
-    # A new group holds exactly the attempts given; an old one may hold others: reload it.
-    _refresh_group_stats(session, group_id, group if inserted is not None else None)
-    return group_id, inserted is not None
 
 
-def _save_attempts(session: Session, group_id: int, group: Group) -> None:
+def _save_attempts(session: Session, groups: list[tuple[int, Group]]) -> None:
     """Insert the attempts not stored yet, then the steps, segments, verdicts and reflections of
     those just inserted: an attempt and its parts are written once, together."""
-    strategies = _strategy_ids(session, group.taskset, [a.strategy for a in group.attempts])
-    rows = [{"group_id": group_id, **_attempt_columns(a, strategies)} for a in group.attempts]
-    returning = (AttemptRow.id, AttemptRow.sample_index, AttemptRow.kind)
-    statement = insert_for(session, AttemptRow).on_conflict_do_nothing().returning(*returning)
-    new = {(index, kind): id_ for id_, index, kind in session.execute(statement, rows)}
+    rows = []
+    for group_id, group in groups:
+        strategies = _strategy_ids(session, group.taskset, [a.strategy for a in group.attempts])
+        rows += [{"group_id": group_id, **_attempt_columns(a, strategies)} for a in group.attempts]
+    new = _insert_attempts(session, rows)
     parts: dict[type, list[dict[str, Any]]] = {SegmentRow: [], StepRow: [], VerdictRow: []}
     parts[ReflectionRow] = []
-    for attempt in group.attempts:
-        attempt_id = new.get((attempt.sample_index, attempt.kind))
-        if attempt_id is not None:
-            _attempt_parts(attempt_id, attempt, group.taskset, parts)
-    for table, values in parts.items():
+    for group_id, group in groups:
+        for attempt in group.attempts:
+            attempt_id = new.get((group_id, attempt.sample_index, attempt.kind))
+            if attempt_id is not None:
+                _attempt_parts(attempt_id, attempt, group.taskset, parts)
+    for model, values in parts.items():
         if values:
-            session.execute(insert_for(session, table), values)
+            _bulk_insert(session, model.__table__, values)
+
+
+def _insert_attempts(session: Session, rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], int]:
+    """Insert attempts, skipping those already stored; the new ones' ids by natural key. On
+    PostgreSQL one prepared statement is pipelined over the rows (no giant query to parse)."""
+    table = AttemptRow.__table__
+    returning = (table.c.id, table.c.group_id, table.c.sample_index, table.c.kind)
+    if session.get_bind().dialect.name != "postgresql":
+        statement = insert_for(session, table).on_conflict_do_nothing().returning(*returning)
+        return {tuple(key): id_ for id_, *key in session.execute(statement, rows)}
+    created = datetime.now(UTC)
+    rows = [{**row, "created_at": created} for row in rows]
+    columns = list(rows[0])
+    as_json = [isinstance(table.c[name].type, JSON) for name in columns]
+    names = ", ".join(f'"{name}"' for name in columns)
+    query = (
+        f"INSERT INTO attempt ({names}) VALUES ({', '.join(['%s'] * len(columns))}) "
+        "ON CONFLICT DO NOTHING RETURNING id, group_id, sample_index, kind"
+    )
+    new = {}
+    with session.connection().connection.cursor() as cursor:
+        cursor.executemany(query, list(_driver_rows(rows, as_json)), returning=True)
+        while True:
+            for id_, *key in cursor.fetchall():
+                new[tuple(key)] = id_
+            if not cursor.nextset():
+                break
+    return new
+
+
+def _driver_rows(rows: list[dict[str, Any]], as_json: list[bool]) -> Iterator[list[Any]]:
+    for row in rows:
+        yield [
+            json.dumps(v) if j and v is not None else v
+            for v, j in zip(row.values(), as_json, strict=True)
+        ]
+
+
+def _bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
+    """Many rows of one table in the caller's transaction, straight to the driver: COPY on
+    PostgreSQL, one `executemany` on SQLite. Every row has the same keys."""
+    columns = list(rows[0])
+    values = _driver_rows(rows, [isinstance(table.c[name].type, JSON) for name in columns])
+    names = ", ".join(f'"{name}"' for name in columns)
+    cursor = session.connection().connection.cursor()
+    if session.get_bind().dialect.name == "postgresql":
+        with cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
+            for row in values:
+                copy.write_row(row)
+    else:
+        marks = ", ".join("?" * len(columns))
+        cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", values)
+    cursor.close()
 
 
 def _attempt_parts(
@@ -443,7 +527,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def insert_for(session: Session, table: type) -> Any:
+def insert_for(session: Session, table: Any) -> Any:
     dialect = session.get_bind().dialect.name
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
@@ -541,12 +625,11 @@ def _json_fields(text: str) -> dict[str, Any]:
     return fields if isinstance(fields, dict) else {}
 
 
-def _refresh_group_stats(session: Session, group_id: int, group: Group | None = None) -> None:
+def _refresh_group_stats(session: Session, group_id: int) -> None:
     row = session.get(RolloutGroupRow, group_id)
     assert row is not None
-    if group is None:
-        session.refresh(row, ["attempts"])
-        group = _group_record(row)
+    session.refresh(row, ["attempts"])
+    group = _group_record(row)
     rewards = [a.reward for a in group.first_attempts]
     row.complete = group.complete
     row.reward_mean = statistics.fmean(rewards) if rewards else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from bisect import bisect_right
 from typing import Any
 
 from memory.records import Attempt, LossType, Sample, Segment, Step
@@ -48,11 +49,14 @@ def segments(attempt: Attempt) -> list[Segment]:
     cuts = {0, len(ids), *(point for span in spans for point in span)}
     if not any(start < pivot < end for start, end in spans):
         cuts.add(min(pivot, len(ids)))
-    ends, first_policy = _step_ends(attempt), True
+    ends, forced_starts, first_policy = _step_ends(attempt), {s for s, _ in spans}, True
     pieces = []
     bounds = sorted(cuts)
     for start, end in zip(bounds, bounds[1:], strict=False):
-        loss = _loss(start, end, spans, pivot)
+        # No cut falls inside a span, so a piece starting where a span starts is that span.
+        loss: LossType = (
+            "forced" if start in forced_starts else "pivot" if end <= pivot else "policy"
+        )
         temperature = None if loss == "forced" else attempt.sampling.temperature
         if loss == "policy" and first_policy and attempt.strategy:
             temperature = attempt.sampling.strategy_temperature or temperature
@@ -60,7 +64,7 @@ def segments(attempt: Attempt) -> list[Segment]:
         pieces.append(
             Segment(
                 index=len(pieces),
-                step_index=sum(1 for e in ends if e <= start),
+                step_index=bisect_right(ends, start),
                 start=start,
                 loss=loss,
                 token_ids=ids[start:end],
@@ -142,12 +146,6 @@ def _content(message: dict[str, Any]) -> str:
     if calls := message.get("tool_calls"):
         return json.dumps(calls, sort_keys=True)
     return str(message.get("content") or "")
-
-
-def _loss(start: int, end: int, spans: list[tuple[int, int]], pivot: int) -> LossType:
-    if any(s <= start and end <= e for s, e in spans):
-        return "forced"
-    return "pivot" if end <= pivot else "policy"
 
 
 def _packed(values: array[Any]) -> bytes:

@@ -13,7 +13,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memory.records import Group, Segment
 
 EXIT_BAD_INPUT = 2
 MODELS = ("smollm2", "tiny")
@@ -138,6 +141,12 @@ def _parser() -> argparse.ArgumentParser:
         "--mode", choices=MODES, default=None, help="advantage mode (default rltldr)"
     )
     export.add_argument("--out", type=Path, required=True, help="the JSON-lines file to write")
+    export.add_argument(
+        "--segments",
+        action="store_true",
+        help="instead: every attempt of the complete groups with its token segments "
+        "(ids, behaviour logprobs, loss type, weight, advantage)",
+    )
     _db_arguments(export)
     export.set_defaults(handler=_export)
 
@@ -208,6 +217,14 @@ def _parser() -> argparse.ArgumentParser:
     lessons.add_argument("--top", type=int, default=20, help="lessons to list, by utility")
     _db_arguments(lessons)
     lessons.set_defaults(handler=_library)
+
+    strategies = commands.add_parser(
+        "strategies", help="success rate per strategy (SGE) over first attempts"
+    )
+    strategies.add_argument("--taskset", default=None, help="one task set (default all)")
+    strategies.add_argument("--top", type=int, default=20, help="strategies to list, most tried")
+    _db_arguments(strategies)
+    strategies.set_defaults(handler=_strategies)
 
     report = commands.add_parser(
         "report", help="an HTML page of plots from the store, and its table on stdout"
@@ -287,6 +304,8 @@ def _export(args: argparse.Namespace) -> int:
     settings = TrainSettings(**({"mode": args.mode} if args.mode else {}))
     with store.transaction(store.open_store(_db_url(args))) as session:
         groups = store.load_groups(session, "train", args.round, complete_only=True)
+        if args.segments:
+            return _export_segments(groups, store.group_segments(session, _ids(groups)), args.out)
     rows = build_rows(groups, settings)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as out:
@@ -295,6 +314,57 @@ def _export(args: argparse.Namespace) -> int:
     tokens = sum(row.trained_tokens for row in rows)
     print(f"{len(rows)} rows ({tokens} trained tokens, {settings.mode}) from {len(groups)} "
           f"complete groups written to {args.out}")  # fmt: skip
+    return 0
+
+
+def _export_segments(
+    groups: list[Group], segments: dict[tuple[int, int, str], list[Segment]], out: Path
+) -> int:
+    """One JSON object per attempt: its group, reward and prompt ids, and its completion as
+    segments; a segment's weight is 0 where nothing is trained (pivot and forced tokens)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with out.open("w") as stream:
+        for group in groups:
+            for attempt in group.attempts:
+                if attempt.sample is None:
+                    continue
+                pieces = segments.get((group.id or 0, attempt.sample_index, attempt.kind), [])
+                record = {
+                    "group_id": group.id,
+                    "task_id": group.task_id,
+                    "sample_index": attempt.sample_index,
+                    "kind": attempt.kind,
+                    "context": attempt.context,
+                    "reward": attempt.reward,
+                    "train_reward": attempt.train_reward,
+                    "prompt_token_ids": attempt.sample.prompt_token_ids,
+                    "segments": [p.model_dump(exclude={"schema_version"}) for p in pieces],
+                }
+                stream.write(json.dumps(record) + "\n")
+                written += 1
+    print(f"{written} attempts from {len(groups)} complete groups written to {out}")
+    return 0
+
+
+def _ids(groups: list[Group]) -> list[int]:
+    return [group.id for group in groups if group.id is not None]
+
+
+def _strategies(args: argparse.Namespace) -> int:
+    from memory import store
+
+    with store.transaction(store.open_store(_db_url(args))) as session:
+        stats = store.strategy_stats(session, args.taskset)[: args.top]
+    if not stats:
+        print("no strategies recorded (collect with --sge 1)")
+        return 0
+    print(f"{'attempts':>8} {'success':>8} {'reward':>7}  task set     strategy")
+    for s in stats:
+        print(
+            f"{s.attempts:>8} {s.success_rate:>8.3f} {s.mean_reward:>7.3f}  "
+            f"{s.taskset:<12} {s.text[:80]}"
+        )
     return 0
 
 

@@ -47,6 +47,7 @@ from memory.records import Group, GroupPurpose, Guidance, PolicyVersion, Trainin
 from memory.retrieval import Index
 from serving import promotion
 from serving.adapters import ensure_loaded
+from trainer.dataset import member_advantages
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
 from verifiers.catalog import eval_tasks, train_tasks
@@ -485,6 +486,9 @@ async def _train_stage(
     )
     with store.transaction(engine) as session:
         store.save_policy_version(session, version)
+        for group in groups:  # the advantage each trained segment got, for lineage
+            assert group.id is not None
+            store.set_advantages(session, group.id, member_advantages(group, settings.train))
 
     started = time.monotonic()
     swap(server_url, name, trained.adapter_path)

@@ -29,7 +29,7 @@ class Sample(Record):
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str
+    finish_reason: str = Field(max_length=30)
 
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
@@ -77,7 +77,7 @@ class Attempt(Record):
 
     sample_index: int
     kind: AttemptKind = "base"
-    policy_version: str
+    policy_version: str = Field(max_length=200)
     messages: list[dict[str, Any]]
     sampling: SamplingSettings
     sample: Sample | None
@@ -87,7 +87,7 @@ class Attempt(Record):
     answer: str | None
     reason: str
     error: str | None = None
-    context: str = "bare"
+    context: str = Field("bare", max_length=50)
     guidance: str | None = None
     bare_prompt_token_ids: list[int] | None = None
     parent_index: int | None = None
@@ -152,10 +152,10 @@ class Group(Record):
     id: int | None = None
     round_index: int
     purpose: GroupPurpose
-    task_id: str
-    taskset: str
+    task_id: str = Field(max_length=200)
+    taskset: str = Field(max_length=100)
     question: str
-    policy_version: str
+    policy_version: str = Field(max_length=200)
     size: int = Field(ge=1)
     attempts: list[Attempt]
     plan: dict[str, Any] = Field(default_factory=dict)
@@ -226,8 +226,8 @@ class WorkItem(Record):
     id: int | None = None
     round_index: int
     purpose: GroupPurpose
-    policy_version: str
-    task_id: str
+    policy_version: str = Field(max_length=200)
+    task_id: str = Field(max_length=200)
     plan: dict[str, Any]
     state: WorkState = "queued"
     owner: str | None = None

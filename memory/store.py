@@ -20,7 +20,17 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import JSON, Engine, case, create_engine, event, func, select, update
+from sqlalchemy import (
+    JSON,
+    Engine,
+    bindparam,
+    case,
+    create_engine,
+    event,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -306,22 +316,43 @@ def attempt_segments(
     return [_segment_record(row) for row in session.scalars(query)]
 
 
+def group_segments(
+    session: Session, group_ids: list[int]
+) -> dict[tuple[int, int, str], list[Segment]]:
+    """The segments of every attempt of these groups, by (group id, sample index, kind)."""
+    query = (
+        select(AttemptRow.group_id, AttemptRow.sample_index, AttemptRow.kind, SegmentRow)
+        .join(SegmentRow, SegmentRow.attempt_id == AttemptRow.id)
+        .where(AttemptRow.group_id.in_(group_ids))
+        .order_by(SegmentRow.attempt_id, SegmentRow.segment_index)
+    )
+    found: dict[tuple[int, int, str], list[Segment]] = {}
+    for group_id, index, kind, row in session.execute(query):
+        found.setdefault((group_id, index, kind), []).append(_segment_record(row))
+    return found
+
+
 def set_advantages(
     session: Session, group_id: int, advantages: dict[tuple[int, str], float]
 ) -> None:
     """Record the advantage a training round gave each attempt (by sample index and kind) on its
-    trained segments."""
-    rows = session.execute(
-        select(AttemptRow.id, AttemptRow.sample_index, AttemptRow.kind).filter_by(group_id=group_id)
+    sampled (`policy`) segments, in one batched UPDATE."""
+    query = select(AttemptRow.id, AttemptRow.sample_index, AttemptRow.kind).filter_by(
+        group_id=group_id
     )
-    for attempt_id, index, kind in rows:
-        if (index, kind) in advantages:
-            session.execute(
-                update(SegmentRow)
-                .where(SegmentRow.attempt_id == attempt_id, SegmentRow.loss == "policy")
-                .values(advantage=advantages[(index, kind)])
-            )
-    session.flush()
+    values = [
+        {"attempt": attempt_id, "advantage": advantages[(index, kind)]}
+        for attempt_id, index, kind in session.execute(query)
+        if (index, kind) in advantages
+    ]
+    if values:
+        table = SegmentRow.__table__
+        statement = (
+            update(table)
+            .where(table.c.attempt_id == bindparam("attempt"), table.c.loss == "policy")
+            .values(advantage=bindparam("advantage"))
+        )
+        session.execute(statement, values)
 
 
 def load_groups(

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ["worker"],
         ["serve"],
         ["export"],
+        ["strategies"],
     ],
 )
 def test_help(command: list[str]) -> None:
@@ -166,3 +167,47 @@ def test_export_writes_the_rows_a_round_would_train_on(tmp_path: Path, capsys) -
     assert all(r["input_ids"][:2] == [7, 8] and r["labels"][:2] == [-100, -100] for r in rows)
     assert [round(a) for a in sorted(r["advantages"][-1] for r in rows)] == [-1, -1, 1, 1]
     assert "4 rows (12 trained tokens, grpo) from 2 complete groups" in capsys.readouterr().out
+
+
+def test_export_segments_gives_each_attempt_its_masked_spans(tmp_path: Path, capsys) -> None:
+    import json
+
+    from memory import store
+    from tests.conftest import make_group
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    group = make_group([1.0, 0.0], completion_len=4)
+    masked = group.attempts[0].model_copy(update={"pivot_tokens": 1, "forced_spans": [(2, 3)]})
+    with store.transaction(store.open_store(db)) as session:
+        store.save_group(
+            session, group.model_copy(update={"attempts": [masked, group.attempts[1]]})
+        )
+    out = tmp_path / "segments.jsonl"
+    assert main(["export", "--db", db, "--segments", "--out", str(out)]) == 0
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert [(p["loss"], p["weight"], p["token_ids"]) for p in first["segments"]] == [
+        ("pivot", 0.0, [100]),
+        ("policy", 1.0, [101]),
+        ("forced", 0.0, [102]),
+        ("policy", 1.0, [103]),
+    ]
+    assert second["reward"] == 0.0 and [p["loss"] for p in second["segments"]] == ["policy"]
+    assert "2 attempts from 1 complete groups" in capsys.readouterr().out
+
+
+def test_strategies_lists_success_rates(tmp_path: Path, capsys) -> None:
+    from memory import store
+    from tests.conftest import make_group
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    group = make_group([1.0, 0.0, 1.0])
+    texts = ["Count up.", "Count up.", "Guess."]
+    tried = [
+        a.model_copy(update={"strategy": t}) for a, t in zip(group.attempts, texts, strict=True)
+    ]
+    with store.transaction(store.open_store(db)) as session:
+        store.save_group(session, group.model_copy(update={"attempts": tried}))
+    assert main(["strategies", "--db", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["2", "0.500", "0.500"] and lines[1].endswith("Count up.")
+    assert lines[2].split()[:2] == ["1", "1.000"]

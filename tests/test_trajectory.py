@@ -245,3 +245,43 @@ def _write_old_attempt(connection) -> None:
             " 'Add the tens.', '[[2, 3]]', 4, '2026-01-01')"
         )
     )
+
+
+def test_a_round_records_the_advantage_of_each_trained_segment(db_url: str) -> None:
+    from trainer.dataset import member_advantages
+    from trainer.settings import TrainSettings
+
+    engine = open_store(db_url)
+    group = make_group([1.0, 0.0])
+    with transaction(engine) as session:
+        group_id = store.save_group(session, group)
+        (group,) = store.load_groups(session, "train")
+        store.set_advantages(
+            session, group_id, member_advantages(group, TrainSettings(mode="grpo"))
+        )
+        won = store.attempt_segments(session, group_id, 0, "base")
+        lost = store.attempt_segments(session, group_id, 1, "base")
+    assert [p.advantage for p in won] == [pytest.approx(1.0, abs=1e-4)]
+    assert [p.advantage for p in lost] == [pytest.approx(-1.0, abs=1e-4)]
+
+
+def test_a_record_the_columns_cannot_hold_is_refused_up_front() -> None:
+    with pytest.raises(ValidationError, match="task_id"):
+        make_group([1.0]).model_copy(update={}).model_validate(
+            make_group([1.0]).model_dump() | {"task_id": "t" * 201}
+        )
+
+
+def test_a_batch_that_fails_midway_writes_nothing(db_url: str, monkeypatch) -> None:
+    engine = open_store(db_url)
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("disk gone")
+
+    monkeypatch.setattr(store, "_bulk_insert", broken)
+    with pytest.raises(RuntimeError), transaction(engine) as session:
+        store.save_groups(session, [make_group([1.0], task_id="a"), make_group([0.0], task_id="b")])
+    monkeypatch.undo()
+    with transaction(engine) as session:
+        assert store.load_groups(session, "train") == []
+        assert store.attempt_counts(session) == {}

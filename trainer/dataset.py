@@ -81,12 +81,23 @@ def positive_ratio_filter(rows: list[TrainRow], ratio: float, rng: random.Random
     return [row for i, row in enumerate(rows) if i in kept]
 
 
-def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
+def member_advantages(group: Group, settings: TrainSettings) -> dict[tuple[int, str], float]:
+    """The advantage each member (first attempts and retries, by sample index and kind) gets
+    in its group under `settings.mode`; what the store records on the trained segments."""
+    members = _members(group)
+    scores = advantages(settings.mode, [a.train_reward for a in members], settings.amplification)
+    return {(a.sample_index, a.kind): score for a, score in zip(members, scores, strict=True)}
+
+
+def _members(group: Group) -> list[Attempt]:
     retries = [a for a in group.attempts if a.kind == "retry" and a.error is None]
-    members = group.first_attempts + retries
-    pivots = {a.parent_index: a.pivot_tokens for a in retries}
-    rewards = [a.train_reward for a in members]
-    scores = advantages(settings.mode, rewards, settings.amplification)
+    return group.first_attempts + retries
+
+
+def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
+    members = _members(group)
+    pivots = {a.parent_index: a.pivot_tokens for a in members if a.kind == "retry"}
+    scores = advantages(settings.mode, [a.train_reward for a in members], settings.amplification)
     rows = []
     for attempt, advantage in zip(members, scores, strict=True):
         pivot = attempt.pivot_tokens or pivots.get(attempt.sample_index, 0)

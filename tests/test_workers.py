@@ -80,6 +80,7 @@ def test_workers_share_a_batch_and_a_killed_one_loses_nothing(
     assert {g.task_id for g in groups} == {t.task_id for t in tasks}
     assert all(n == 1 for _, n in per_key)
     assert all(len(g.first_attempts) == GROUP_SIZE for g in groups)
+    assert all(g.plan["sampling"]["group_size"] == GROUP_SIZE for g in groups)  # its plan
     assert attempts == TASKS * GROUP_SIZE
     assert counts == {"queued": 0, "claimed": 0, "done": TASKS}
     stored = [

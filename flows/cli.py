@@ -207,6 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         "lineage", help="the rounds, groups and parents that produced a version"
     )
     lineage.add_argument("version")
+    lineage.add_argument(
+        "--groups", action="store_true", help="also list each round's groups (id: task)"
+    )
     _db_arguments(lineage)
     lineage.set_defaults(handler=_lineage)
 
@@ -512,6 +515,7 @@ def _lineage(args: argparse.Namespace) -> int:
         chain = store.lineage(session, args.version)
         versions = {v.name: v for v in store.policy_versions(session)}
         shown = {r.round_index: library.used_in(session, r.group_ids) for r in chain}
+        tasks = {r.round_index: store.group_tasks(session, r.group_ids) for r in chain}
     if not chain:
         print(f"{args.version}: not produced by a training round (a base model)")
         return 0
@@ -527,6 +531,9 @@ def _lineage(args: argparse.Namespace) -> int:
         if shown[r.round_index]:
             lessons = ", ".join(f"#{i} x{n}" for i, n in sorted(shown[r.round_index].items()))
             print(f"    library lessons shown to its groups: {lessons}")
+        if args.groups:
+            listed = ", ".join(f"{gid}: {task}" for gid, task in tasks[r.round_index].items())
+            print(f"    groups: {listed}")
     print(f"{chain[-1].policy_in}  (base)")
     return 0
 

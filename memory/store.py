@@ -383,6 +383,14 @@ def groups_by_id(session: Session, group_ids: list[int]) -> list[Group]:
     return [_group_record(rows[gid]) for gid in group_ids]
 
 
+def group_tasks(session: Session, group_ids: list[int]) -> dict[int, str]:
+    """Group id -> task id, in id order, for the groups that exist."""
+    query = select(RolloutGroupRow.id, RolloutGroupRow.task_id).where(
+        RolloutGroupRow.id.in_(group_ids)
+    )
+    return dict(sorted(session.execute(query).tuples().all()))
+
+
 def outcome_counts(session: Session, task_id: str) -> dict[str, int]:
     query = select(OutcomeCountRow).filter_by(task_id=task_id)
     return {row.answer_key: row.count for row in session.scalars(query)}

@@ -211,3 +211,32 @@ def test_strategies_lists_success_rates(tmp_path: Path, capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:3] == ["2", "0.500", "0.500"] and lines[1].endswith("Count up.")
     assert lines[2].split()[:2] == ["1", "1.000"]
+
+
+def test_lineage_names_the_rounds_groups_and_lessons_behind_a_version(
+    tmp_path: Path, capsys
+) -> None:
+    from memory import library, store
+    from memory.library import LibrarySettings
+    from memory.records import Guidance, PolicyVersion, TrainingRound
+    from tests.conftest import make_group
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    with store.transaction(store.open_store(db)) as session:
+        ids = [store.save_group(session, make_group([1.0, 0.0], task_id=t)) for t in "ab"]
+        lesson = Guidance(kind="insight", scope="global", text="Carry the one.", source="x")
+        (entry,) = library.admit(session, [lesson], LibrarySettings()).added
+        library.record_use(session, ids[1], [entry], [0.7])
+        for name in ("base", "p1"):
+            store.save_policy_version(session, PolicyVersion(name=name, base_model="base"))
+        round_1 = TrainingRound(
+            round_index=1, method="rltldr", policy_in="base", policy_out="p1", status="done",
+            group_ids=ids,
+        )  # fmt: skip
+        store.save_training_round(session, round_1)
+    assert main(["lineage", "p1", "--groups", "--db", db]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("p1  <- round 1 (rltldr, done) on 2 groups sampled from base")
+    assert out[1] == f"    library lessons shown to its groups: #{entry} x1"
+    assert out[2] == f"    groups: {ids[0]}: a, {ids[1]}: b"
+    assert out[3] == "base  (base)"

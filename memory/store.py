@@ -114,6 +114,8 @@ def save_groups(session: Session, groups: list[Group]) -> list[tuple[int, bool]]
     """Upsert groups and their attempts by natural key, a few batched statements for all of
     them; returns each group's id and whether it is new. A new group's statistics come from the
     group given; an old one may hold other attempts, so it is re-read."""
+    if not groups:
+        return []
     table = RolloutGroupRow.__table__
     natural = (table.c.round_index, table.c.purpose, table.c.task_id, table.c.policy_version)
     rows = [_group_columns(group) for group in groups]
@@ -164,6 +166,8 @@ def _save_attempts(session: Session, groups: list[tuple[int, Group]]) -> None:
     for group_id, group in groups:
         strategies = _strategy_ids(session, group.taskset, [a.strategy for a in group.attempts])
         rows += [{"group_id": group_id, **_attempt_columns(a, strategies)} for a in group.attempts]
+    if not rows:
+        return
     new = _insert_attempts(session, rows)
     parts: dict[type, list[dict[str, Any]]] = {SegmentRow: [], StepRow: [], VerdictRow: []}
     parts[ReflectionRow] = []

@@ -285,3 +285,13 @@ def test_a_batch_that_fails_midway_writes_nothing(db_url: str, monkeypatch) -> N
     with transaction(engine) as session:
         assert store.load_groups(session, "train") == []
         assert store.attempt_counts(session) == {}
+
+
+def test_saving_nothing_or_empty_groups_is_harmless(db_url: str) -> None:
+    engine = open_store(db_url)
+    empty = make_group([1.0]).model_copy(update={"attempts": []})
+    with transaction(engine) as session:
+        assert store.save_groups(session, []) == []
+        ((group_id, new),) = store.save_groups(session, [empty])
+        (loaded,) = store.load_groups(session, "train")
+    assert new and loaded.id == group_id and loaded.attempts == [] and not loaded.complete

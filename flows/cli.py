@@ -549,6 +549,7 @@ def _library(args: argparse.Namespace) -> int:
             chosen = library.entry(session, args.entry)
             history = library.events(session, args.entry)
             uses = library.uses(session, args.entry)
+            tasks = store.group_tasks(session, [group_id for group_id, _ in uses])
     if args.entry is None:
         print(f"{total} active lessons; the top {len(entries)} by utility:")
         for e in entries:
@@ -564,6 +565,9 @@ def _library(args: argparse.Namespace) -> int:
     gains = [g for _, g in uses if g is not None]
     if gains:
         print(f"gain where used: mean {sum(gains) / len(gains):+.3f} over {len(gains)} groups")
+    for group_id, gain in uses[-10:]:  # the latest ten
+        shown = "not credited yet" if gain is None else f"gain {gain:+.3f}"
+        print(f"  used in group {group_id} ({tasks.get(group_id, '?')}): {shown}")
     for event in history:
         changed = {
             k: round(v, 4) if isinstance(v, float) else v

@@ -183,9 +183,11 @@ def events(session: Session, entry_id: int) -> list[LibraryEvent]:
 
 
 def uses(session: Session, entry_id: int) -> list[tuple[int, float | None]]:
-    """(group id, gain) for every group the entry was shown to."""
-    query = select(ExperienceUseRow.group_id, ExperienceUseRow.gain).where(
-        ExperienceUseRow.entry_id == entry_id
+    """(group id, gain) for every group the entry was shown to, in the order it was shown."""
+    query = (
+        select(ExperienceUseRow.group_id, ExperienceUseRow.gain)
+        .where(ExperienceUseRow.entry_id == entry_id)
+        .order_by(ExperienceUseRow.id)
     )
     return [(group_id, gain) for group_id, gain in session.execute(query)]
 

@@ -89,6 +89,7 @@ def test_library_status_and_lineage_commands(tmp_path: Path, capsys) -> None:
         "shown to 1 groups" in history and "gain where used: mean +0.500 over 1 groups" in history
     )
     assert "credit" in history and "utility=0.05" in history
+    assert "  used in group 1 (" in history and "): gain +0.500" in history
     assert main(["library", "--db", db, "--entry", "99"]) == 2
     assert capsys.readouterr().err == "flywheel: error: no library entry 99\n"
     assert main(["status", "--db", db]) == 0

@@ -533,7 +533,7 @@ def _lineage(args: argparse.Namespace) -> int:
             print(f"    library lessons shown to its groups: {lessons}")
         if args.groups:
             listed = ", ".join(f"{gid}: {task}" for gid, task in tasks[r.round_index].items())
-            print(f"    groups: {listed}")
+            print(f"    groups: {listed or '-'}")
     print(f"{chain[-1].policy_in}  (base)")
     return 0
 

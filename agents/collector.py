@@ -400,10 +400,6 @@ async def attempt_task(
         sampling=sampling,
         sample=sample,
         generated_tokens=len(sample.completion_token_ids),
-        reward=verdict.reward,
-        correct=verdict.correct,
-        format_ok=verdict.format_ok,
-        answer=verdict.answer,
         reason=reason,
-        feedback=list(verdict.feedback),
+        **verdict.scores(),
     )

@@ -230,12 +230,8 @@ def _attempt(
         forced_spans=trace.forced,
         generated_tokens=trace.generated,
         turns=max(1, len(trace.texts)),
-        reward=verdict.reward,
-        correct=verdict.correct,
-        format_ok=verdict.format_ok,
-        answer=verdict.answer,
         reason=reason,
-        feedback=list(verdict.feedback),
+        **verdict.scores(),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -22,3 +24,14 @@ class Verdict(BaseModel):
     answer: str | None
     reason: str
     feedback: tuple[str, ...] = ()
+
+    def scores(self) -> dict[str, Any]:
+        """What an attempt records of this verdict besides its reason (which the caller may
+        extend): reward, correctness, format, answer and the private feedback."""
+        return {
+            "reward": self.reward,
+            "correct": self.correct,
+            "format_ok": self.format_ok,
+            "answer": self.answer,
+            "feedback": list(self.feedback),
+        }

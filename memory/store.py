@@ -190,17 +190,14 @@ def _insert_attempts(session: Session, rows: list[dict[str, Any]]) -> dict[tuple
         statement = insert_for(session, table).on_conflict_do_nothing().returning(*returning)
         return {tuple(key): id_ for id_, *key in session.execute(statement, rows)}
     created = datetime.now(UTC)
-    rows = [{**row, "created_at": created} for row in rows]
-    columns = list(rows[0])
-    as_json = [isinstance(table.c[name].type, JSON) for name in columns]
-    names = ", ".join(f'"{name}"' for name in columns)
+    names, values = _driver_rows(table, [{**row, "created_at": created} for row in rows])
     query = (
-        f"INSERT INTO attempt ({names}) VALUES ({', '.join(['%s'] * len(columns))}) "
+        f"INSERT INTO attempt ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
         "ON CONFLICT DO NOTHING RETURNING id, group_id, sample_index, kind"
     )
     new = {}
     with session.connection().connection.cursor() as cursor:
-        cursor.executemany(query, list(_driver_rows(rows, as_json)), returning=True)
+        cursor.executemany(query, list(values), returning=True)
         while True:
             for id_, *key in cursor.fetchall():
                 new[tuple(key)] = id_
@@ -209,28 +206,34 @@ def _insert_attempts(session: Session, rows: list[dict[str, Any]]) -> dict[tuple
     return new
 
 
-def _driver_rows(rows: list[dict[str, Any]], as_json: list[bool]) -> Iterator[list[Any]]:
-    for row in rows:
-        yield [
+def _driver_rows(table: Any, rows: list[dict[str, Any]]) -> tuple[list[str], Iterator[list[Any]]]:
+    """The quoted column names of `rows` (all with the same keys) and their values as the
+    driver takes them, JSON columns serialised."""
+    columns = list(rows[0])
+    as_json = [isinstance(table.c[name].type, JSON) for name in columns]
+    values = (
+        [
             json.dumps(v) if j and v is not None else v
             for v, j in zip(row.values(), as_json, strict=True)
         ]
+        for row in rows
+    )
+    return [f'"{name}"' for name in columns], values
 
 
 def _bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
     """Many rows of one table in the caller's transaction, straight to the driver: COPY on
     PostgreSQL, one `executemany` on SQLite. Every row has the same keys."""
-    columns = list(rows[0])
-    values = _driver_rows(rows, [isinstance(table.c[name].type, JSON) for name in columns])
-    names = ", ".join(f'"{name}"' for name in columns)
+    names, values = _driver_rows(table, rows)
     cursor = session.connection().connection.cursor()
     if session.get_bind().dialect.name == "postgresql":
-        with cursor.copy(f"COPY {table.name} ({names}) FROM STDIN") as copy:
+        with cursor.copy(f"COPY {table.name} ({', '.join(names)}) FROM STDIN") as copy:
             for row in values:
                 copy.write_row(row)
     else:
-        marks = ", ".join("?" * len(columns))
-        cursor.executemany(f"INSERT INTO {table.name} ({names}) VALUES ({marks})", values)
+        marks = ", ".join("?" * len(names))
+        statement = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({marks})"
+        cursor.executemany(statement, values)
     cursor.close()
 
 
@@ -308,7 +311,10 @@ def strategy_stats(session: Session, taskset: str | None = None) -> list[Strateg
 
 def attempt_steps(session: Session, group_id: int, sample_index: int, kind: str) -> list[Step]:
     """The stored steps of one attempt, in order."""
-    query = _parts(StepRow, group_id, sample_index, kind)
+    attempt = select(AttemptRow.id).filter_by(
+        group_id=group_id, sample_index=sample_index, kind=kind
+    )
+    query = select(StepRow).where(StepRow.attempt_id.in_(attempt)).order_by(StepRow.step_index)
     return [_step_record(row) for row in session.scalars(query)]
 
 
@@ -316,8 +322,7 @@ def attempt_segments(
     session: Session, group_id: int, sample_index: int, kind: str
 ) -> list[Segment]:
     """The stored token segments of one attempt, in order."""
-    query = _parts(SegmentRow, group_id, sample_index, kind)
-    return [_segment_record(row) for row in session.scalars(query)]
+    return group_segments(session, [group_id]).get((group_id, sample_index, kind), [])
 
 
 def group_segments(
@@ -650,14 +655,6 @@ def _step_record(row: StepRow) -> Step:
         temperature=row.temperature,
         strategy_temperature=row.strategy_temperature,
     )
-
-
-def _parts(table: type, group_id: int, sample_index: int, kind: str) -> Any:
-    attempt = select(AttemptRow.id).filter_by(
-        group_id=group_id, sample_index=sample_index, kind=kind
-    )
-    index = table.step_index if table is StepRow else table.segment_index  # type: ignore[attr-defined]
-    return select(table).where(table.attempt_id.in_(attempt)).order_by(index)  # type: ignore[attr-defined]
 
 
 def _json_fields(text: str) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Completion token ids and logprobs move from the attempt into packed segments by loss type, and
 strategy texts into their own table. Existing attempts are converted: each becomes one step,
-its segments cut at its forced spans and its pivot.
+its segments cut at its forced spans and its pivot. The cutting, packing and fingerprinting
+are written out here rather than imported from `memory`, so this migration converts the same
+way however that code changes later.
 
 Revision ID: 0007
 Revises: 0006

@@ -2,8 +2,10 @@
 
 1. All attempts of a batch run concurrently inside one task group, bounded by one limiter on
    server slots, so vLLM can batch them.
-2. A failed call is data: the attempt records the error and reward 0, and its group is marked
-   incomplete (never trained on); the rest of the batch goes on.
+2. A call the server refused is data: the attempt records the error and reward 0, and its
+   group is marked incomplete (never trained on). A server that could not answer
+   (`ServerUnavailable`) abandons the group instead: nothing of it is kept, `on_failure` hears
+   of it (a worker gives the task back to the queue), and the rest of the batch goes on.
 3. Each group is handed to `on_group` as soon as it is whole, so a crash loses at most the groups
    in flight; tasks listed in `skip` (already stored) are not sampled again.
 4. Guided half-groups: the first `guided_fraction` of a group's slots are sampled with a worked
@@ -38,7 +40,7 @@ from agents.context import (
     strategies_messages,
 )
 from agents.episode import retry_episode, run_episode
-from agents.errors import PolicyError
+from agents.errors import PolicyError, ServerUnavailable
 from agents.insight import InsightBoard, judge
 from agents.policy import PolicyClient, Reviewer
 from agents.reflection import Reflection, reflect, wants_retry
@@ -84,27 +86,37 @@ async def collect_groups(
     on_group: Callable[[Group], None],
     skip: Collection[str] = (),
     reviewer: Reviewer | None = None,
+    on_failure: Callable[[Task, ServerUnavailable], None] | None = None,
 ) -> list[Group]:
     """Sample, verify and hand over one group per task not in `skip`; returns the new groups.
 
-    Reflections and judgements come from `reviewer`, by default the policy itself.
+    Reflections and judgements come from `reviewer`, by default the policy itself. A group the
+    server could not finish goes to `on_failure`; without one, the failure cancels the batch.
     """
     todo = [task for task in tasks if task.task_id not in skip]
     groups: list[Group] = []
     board = InsightBoard() if settings.insights else None
 
     async def run_group(task: Task) -> None:
-        group = await collect_group(
-            client,
-            task,
-            model=model,
-            round_index=round_index,
-            purpose=purpose,
-            settings=settings,
-            limiter=limiter,
-            board=board,
-            reviewer=reviewer,
-        )
+        group: Group | None = None
+        try:
+            group = await collect_group(
+                client,
+                task,
+                model=model,
+                round_index=round_index,
+                purpose=purpose,
+                settings=settings,
+                limiter=limiter,
+                board=board,
+                reviewer=reviewer,
+            )
+        except* ServerUnavailable as failures:
+            if on_failure is None:
+                raise
+            on_failure(task, first_failure(failures))
+        if group is None:
+            return
         on_group(group)
         groups.append(group)
         if len(groups) % max(1, len(todo) // 4) == 0 or len(groups) == len(todo):
@@ -114,6 +126,15 @@ async def collect_groups(
         for task in todo:
             tg.start_soon(run_group, task)
     return groups
+
+
+def first_failure(group: BaseExceptionGroup[ServerUnavailable]) -> ServerUnavailable:
+    """The first server failure in a (possibly nested) exception group."""
+    leaf: BaseException = group
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    assert isinstance(leaf, ServerUnavailable)
+    return leaf
 
 
 async def collect_group(

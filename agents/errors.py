@@ -1,4 +1,15 @@
-"""The one exception agents/ raises."""
+"""The exceptions agents/ raises.
+
+A call can fail two ways, and they are kept apart because they mean different things:
+
+- `PolicyError`: the server answered, but this attempt cannot go on (a request it refused as
+  bad, a chat template that does not extend a transcript). It is the attempt's own failure:
+  recorded on the attempt, whose group is then never trained on.
+- `ServerUnavailable`: the server could not answer at all (connection refused or lost, a
+  timeout, a stall, a 5xx, a model it does not serve, a server that is not vLLM). It says
+  nothing about the task, so it is never recorded as an attempt: it propagates, the group is
+  abandoned, and whoever claimed the task gives it back to the queue.
+"""
 
 
 class AgentError(RuntimeError):
@@ -7,3 +18,7 @@ class AgentError(RuntimeError):
 
 class PolicyError(AgentError):
     """A call to the policy server failed; the message is one line for the attempt record."""
+
+
+class ServerUnavailable(AgentError):
+    """The model server could not answer; the message names the server and says why."""

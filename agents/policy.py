@@ -2,9 +2,14 @@
 
 1. vLLM's `return_token_ids` and `logprobs` give the exact prompt ids, completion ids and
    behaviour logprobs, so training sees what was sampled.
-2. The openai client owns retries (twice, on timeouts and 5xx); nothing above it retries again.
-   Each call carries an idempotency key; the store's natural keys make a retried turn land once.
-3. Every failure becomes `PolicyError` with a one-line reason for the attempt that asked.
+2. Retries: this client retries only a connection that never reached the server (nothing was
+   sent, so nothing is added to its load). Whatever was sent is never sent again from here: a
+   failed group goes back to the work queue, which retries it with backoff. Each call carries an
+   idempotency key.
+3. Every call runs under the watchdog (`agents.watchdog`): a deadline sized to the server's
+   measured speed and queue, and a stall watch on its token counters.
+4. Failures are one line: `ServerUnavailable` when the server could not answer (never an
+   attempt's answer), `PolicyError` when it refused this request (recorded on the attempt).
 """
 
 from __future__ import annotations
@@ -18,10 +23,14 @@ import httpx
 import openai
 from openai import AsyncOpenAI
 
-from agents.errors import PolicyError
+from agents.errors import AgentError, PolicyError, ServerUnavailable
+from agents.watchdog import Watchdog, WatchdogSettings
 from memory.records import Sample, SamplingSettings
 
-DEFAULT_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 10.0
+CONNECT_RETRIES = 2
+# Statuses that say nothing about the request itself: the server, its model or our access.
+UNAVAILABLE = frozenset({401, 403, 404, 408, 429})
 
 
 @dataclass(frozen=True)
@@ -38,20 +47,29 @@ class PolicyClient:
         self,
         base_url: str,
         api_key: str = "EMPTY",
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_retries: int = 2,
+        watchdog: WatchdogSettings | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self._root = base_url.rstrip("/")
-        self._http = http_client or httpx.AsyncClient(timeout=timeout_s)
+        settings = watchdog or WatchdogSettings()
+        self._http = http_client or httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.ceiling_s, connect=CONNECT_TIMEOUT_S),
+            transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+        self.watchdog = Watchdog(self._http, self._root, settings)
         self._tokenized: dict[str, list[int]] = {}
         self._client = AsyncOpenAI(
             base_url=f"{self._root}/v1",
             api_key=api_key,
-            timeout=timeout_s,
-            max_retries=max_retries,
+            timeout=settings.ceiling_s,
+            max_retries=0,
             http_client=self._http,
         )
+
+    @property
+    def url(self) -> str:
+        return self._root
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -83,7 +101,14 @@ class PolicyClient:
 
     async def _post_tokenize(self, body: dict[str, Any]) -> list[int]:
         try:
-            response = await self._http.post(f"{self._root}/tokenize", json=body)
+            response = await self.watchdog.guard(
+                lambda: self._http.post(f"{self._root}/tokenize", json=body), max_tokens=0
+            )
+        except httpx.HTTPError as exc:
+            raise ServerUnavailable(f"{self._root}: tokenize: {_describe(exc)}") from exc
+        if response.status_code >= 500 or response.status_code in UNAVAILABLE:
+            raise ServerUnavailable(f"{self._root}/tokenize answered {response.status_code}")
+        try:
             response.raise_for_status()
             return list(response.json()["tokens"])
         except (httpx.HTTPError, KeyError, ValueError) as exc:
@@ -116,8 +141,8 @@ class PolicyClient:
     ) -> Sample:
         """Continue exactly `prompt_ids` (the completions API takes token ids), so a turn
         resumed after earlier sampled tokens sees those very tokens, not a re-tokenisation."""
-        try:
-            response = await self._client.completions.create(
+        response = await self._call(
+            lambda: self._client.completions.create(
                 model=model,
                 prompt=prompt_ids,
                 temperature=sampling.temperature,
@@ -127,18 +152,18 @@ class PolicyClient:
                 stop=stop,
                 extra_body={"return_token_ids": True, "include_stop_str_in_output": True},
                 extra_headers={"Idempotency-Key": uuid.uuid4().hex},
-            )
-        except openai.APIError as exc:
-            raise PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}") from exc
+            ),
+            sampling.max_tokens,
+        )
         if not response.choices:
-            raise PolicyError("server returned no choices")
+            raise self._not_vllm("no choices")
         choice = response.choices[0]
         token_ids = getattr(choice, "token_ids", None)
         if token_ids is None:
-            raise PolicyError("server returned no token ids (is it vLLM with return_token_ids?)")
+            raise self._not_vllm("no token ids")
         logprobs = list(choice.logprobs.token_logprobs or []) if choice.logprobs else []
         if len(logprobs) != len(token_ids):
-            raise PolicyError(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
+            raise self._not_vllm(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
         return Sample(
             text=choice.text,
             prompt_token_ids=list(prompt_ids),
@@ -160,8 +185,8 @@ class PolicyClient:
         extra: dict[str, Any] = {"response_format": response_format} if response_format else {}
         if stop:
             extra["stop"] = stop
-        try:
-            response = await self._client.chat.completions.create(
+        response = await self._call(
+            lambda: self._client.chat.completions.create(
                 model=model,
                 messages=messages,  # type: ignore[arg-type]
                 temperature=sampling.temperature,
@@ -171,32 +196,58 @@ class PolicyClient:
                 extra_body={"return_token_ids": True, **(extra_body or {})},
                 extra_headers={"Idempotency-Key": uuid.uuid4().hex},
                 **extra,  # type: ignore[arg-type]
-            )
+            ),
+            sampling.max_tokens,
+        )
+        return self._to_sample(response)
+
+    async def _call(self, call: Any, max_tokens: int) -> Any:
+        try:
+            return await self.watchdog.guard(call, max_tokens)
         except openai.APIError as exc:
-            raise PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}") from exc
-        return _to_sample(response)
+            raise self._failure(exc) from exc
 
+    def _failure(self, exc: openai.APIError) -> AgentError:
+        """Whether a failed call says something about the request, or only about the server."""
+        if isinstance(exc, openai.APIConnectionError):  # timeouts included
+            return ServerUnavailable(f"{self._root}: {type(exc).__name__}: {_describe(exc)}")
+        status = getattr(exc, "status_code", 0)
+        if status >= 500 or status in UNAVAILABLE:
+            return ServerUnavailable(f"{self._root} answered {status}: {_describe(exc)}")
+        return PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}")
 
-def _to_sample(response: Any) -> Sample:
-    if not response.choices:
-        raise PolicyError("server returned no choices")
-    choice = response.choices[0]
-    prompt_ids = getattr(response, "prompt_token_ids", None)
-    token_ids = getattr(choice, "token_ids", None)
-    if prompt_ids is None or token_ids is None:
-        raise PolicyError("server returned no token ids (is it vLLM with return_token_ids?)")
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    logprobs = [entry.logprob for entry in content or []]
-    if len(logprobs) != len(token_ids):
-        raise PolicyError(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
-    return Sample(
-        text=choice.message.content or "",
-        prompt_token_ids=list(prompt_ids),
-        completion_token_ids=list(token_ids),
-        logprobs=logprobs,
-        finish_reason=choice.finish_reason or "unknown",
-    )
+    def _not_vllm(self, what: str) -> ServerUnavailable:
+        return ServerUnavailable(
+            f"{self._root} returned {what}: is it a vLLM server (return_token_ids, logprobs)?"
+        )
+
+    def _to_sample(self, response: Any) -> Sample:
+        if not response.choices:
+            raise self._not_vllm("no choices")
+        choice = response.choices[0]
+        prompt_ids = getattr(response, "prompt_token_ids", None)
+        token_ids = getattr(choice, "token_ids", None)
+        if prompt_ids is None or token_ids is None:
+            raise self._not_vllm("no token ids")
+        content = choice.logprobs.content if choice.logprobs is not None else None
+        logprobs = [entry.logprob for entry in content or []]
+        if len(logprobs) != len(token_ids):
+            raise self._not_vllm(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
+        return Sample(
+            text=choice.message.content or "",
+            prompt_token_ids=list(prompt_ids),
+            completion_token_ids=list(token_ids),
+            logprobs=logprobs,
+            finish_reason=choice.finish_reason or "unknown",
+        )
 
 
 def _first_line(text: str) -> str:
     return (text.strip().splitlines() or ["(no message)"])[0][:300]
+
+
+def _describe(exc: Exception) -> str:
+    """The most specific one-line reason: httpx hides it in the cause of openai's error."""
+    cause = exc.__cause__
+    detail = _first_line(str(cause)) if cause is not None and str(cause) else ""
+    return detail or _first_line(str(exc)) or type(exc).__name__

@@ -87,9 +87,9 @@ async def strategy_attempt(
         cue = await client.tokenize_text(model, ANSWER_CUE)
         context = strategy.prompt_token_ids + strategy.completion_token_ids + cue
         action = await client.complete_ids(model, context, sampling)
+        sample, pivot, exact = join(prompt_ids, strategy, action, len(cue))
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
-    sample, pivot, exact = join(prompt_ids, strategy, action, len(cue))
     verdict = await averify(task, action.text)
     reason = verdict.reason + ("" if exact else ", strategy not token-exact: answer trained only")
     if action.finish_reason == "length":

@@ -677,6 +677,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.db = f"sqlite:///{args.workdir}/flywheel.db"
     settings = _settings(args)
     model_path = _model_folder(args.model, args.workdir).resolve()
+    _preflight(settings.db_url, args.server_url, model_path.name)
     _use_local_prefect(args.workdir, args.prefect_port)
     gateway = None
     if args.gateway_port is not None:
@@ -708,8 +709,11 @@ def _run(args: argparse.Namespace) -> int:
     served_name = model_path.name
     started = time.monotonic()
     if args.server_url:
+        _preflight(settings.db_url, args.server_url, served_name)
         summary = _run_flow(settings, args.server_url, served_name, model_path)
     else:
+        from agents.errors import ServerUnavailable
+        from serving.errors import ServingError
         from serving.server import ServerSettings, VllmServer
 
         server_settings = ServerSettings(
@@ -719,13 +723,28 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             log_path=args.workdir / "logs" / "vllm.log",
         )
-        with VllmServer(server_settings) as server:
+        with VllmServer(server_settings) as server, server.supervised():
             server_seconds = time.monotonic() - started
-            summary = _run_flow(settings, server.url, served_name, model_path)
+            try:
+                summary = _run_flow(settings, server.url, served_name, model_path)
+            except ServerUnavailable as exc:
+                log = server_settings.log_path
+                raise ServingError(f"{exc}; {log} ends: {server.log_tail()}") from exc
         summary.wall_seconds["server_start"] = server_seconds
     summary.wall_seconds["total"] = time.monotonic() - started
     _report(summary, args.summary_json)
     return 0
+
+
+def _preflight(db_url: str, server_url: str, model: str, wait_s: float = 30.0) -> None:
+    """A server named on the command line must generate now: a wrong URL fails at once."""
+    import anyio
+
+    from flows.readiness import Readiness
+    from memory.store import open_store
+
+    readiness = Readiness(open_store(db_url), server_url, outage_s=wait_s)
+    anyio.run(readiness.ensure, model)
 
 
 def _run_flow(settings: Any, server_url: str, served_name: str, model_path: Path) -> Any:

@@ -8,11 +8,15 @@
    round's record (its data cursor: the group ids, and the version name) is committed before
    training, so a re-run after a crash trains the same groups under the same name, resuming from
    the trainer's last save, and a published checkpoint is never trained twice.
-4. Collection and the swap retry twice with backoff (5 s, then 30 s), since both are safe to
-   repeat: a collection worker gives back its unfinished tasks when it stops, and loading an
-   adapter that is already served is a no-op. Training is not retried: a failed round is
-   resumed by running again.
-5. The continuous loop (`serve_rounds`) splits a round across two deployments: `collect_batch`
+4. Retries, one layer each: a collection task whose group failed for want of a server goes back
+   to the work queue with backoff (`flows.worker`); the swap retries twice (5 s, then 30 s),
+   since loading an adapter that is already served is a no-op. Training is not retried: a failed
+   round is resumed by running again. An infrastructure failure is never an answer: a batch
+   with a task that failed for good, or a server that stays down, ends the stage with
+   `ServerUnavailable`, and nothing it could not finish is stored as a result or an evaluation.
+5. Each stage first checks that the server generates with the version it needs
+   (`flows.readiness`), serving the version's adapter again if a restarted server lost it.
+6. The continuous loop (`serve_rounds`) splits a round across two deployments: `collect_batch`
    gathers a fresh batch for the next round on an interval, and `train_when_ready` trains,
    swaps, evaluates and promotes once that round has enough complete groups.
 """
@@ -35,9 +39,11 @@ from sqlalchemy.orm import Session
 from tqdm import tqdm
 
 from agents.collector import CollectSettings
+from agents.errors import ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import PolicyClient, Reviewer
 from flows import worker
+from flows.readiness import Readiness
 from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
 from memory import library, store, workqueue
@@ -61,7 +67,7 @@ def _engine(db_url: str) -> Engine:
     return store.open_store(db_url)
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
+@task(cache_policy=NO_CACHE)
 async def collect(
     settings: RunSettings,
     server_url: str,
@@ -72,16 +78,19 @@ async def collect(
     sampling: CollectSettings,
 ) -> list[Group]:
     """Enqueue one work item per task not yet stored, collect them here (with any other
-    workers sharing the store), wait until the batch is done; return all its groups."""
+    workers sharing the store), wait until the batch is done; return all its groups. A task
+    that failed for good fails the stage: a batch is complete or it is an error."""
     engine = _engine(settings.db_url)
     batch = (round_index, purpose, version)
     shaping = settings.outcome if purpose == "train" else None
+    await Readiness(engine, server_url, settings.outage_s).ensure(version)
     with store.transaction(engine) as session:
         done = {g.task_id for g in store.load_groups(session, purpose, round_index, version)}
     todo = [t for t in tasks if t.task_id not in done]
     plan = _planner(settings, engine, purpose, sampling, shaping)
     with store.transaction(engine) as session:
         workqueue.enqueue(session, worker.plan_items(batch, todo, plan))
+        workqueue.requeue_failed(session, *batch)  # a re-run gives them another chance
     get_run_logger().info(
         "%s with %s: %d tasks (%d already stored)", purpose, version, len(tasks), len(done)
     )
@@ -95,7 +104,9 @@ async def collect(
             engine,
             server_url,
             owner=worker.new_owner(),
-            settings=worker.WorkerSettings(concurrency=settings.concurrency),
+            settings=worker.WorkerSettings(
+                concurrency=settings.concurrency, outage_s=settings.outage_s
+            ),
             until=lambda: worker.batch_done(engine, batch),
             batch=batch,
             reviewer=reviewer,
@@ -107,7 +118,13 @@ async def collect(
             await reviewer.client.aclose()
     wanted = {t.task_id for t in tasks}
     with store.transaction(engine) as session:
+        failed = workqueue.failed(session, *batch)
         groups = store.load_groups(session, purpose, round_index, version)
+    if failed:
+        raise ServerUnavailable(
+            f"{len(failed)} of {len(tasks)} {purpose} tasks failed {failed[0].failures} times "
+            f"(run again to retry them); the last error: {failed[0].error}"
+        )
     return [g for g in groups if g.task_id in wanted]
 
 

@@ -50,6 +50,9 @@ class RunSettings(BaseModel):
     )
     library_k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
+    outage_s: float = Field(
+        300.0, gt=0, description="how long the model server may stay down before a run stops"
+    )
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()
 

@@ -13,6 +13,12 @@
 4. Insights (RLTLDR) are shared within one worker's lot, not across workers.
 5. When the plan carries library lessons, the group's with/without gain is credited to them in
    the same transaction (EDGE's utility).
+6. A group the server could not finish is not stored: its item goes back to the queue with
+   backoff (`workqueue.give_back`). One probe decides whose failure it was: a server that still
+   generates makes it the item's failure (counted, up to `max_failures`), a server that does not
+   makes it an outage (not counted). Before each lot the worker waits for the server to generate
+   with the lot's version (`flows.readiness`), up to `outage_s`; after that it stops with
+   `ServerUnavailable`, giving back everything it held.
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
 from agents import outcome
-from agents.collector import CollectSettings, collect_groups
+from agents.collector import CollectSettings, collect_groups, first_failure
+from agents.errors import ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import PolicyClient, Reviewer
+from agents.watchdog import WatchdogSettings
+from flows.readiness import Readiness
 from memory import library, store, workqueue
 from memory.library import LibrarySettings
 from memory.records import Group, GroupPurpose, WorkItem
@@ -51,6 +60,13 @@ class WorkerSettings(BaseModel):
     lots_in_flight: int = Field(2, ge=1, description="lots collected at once")
     poll_s: float = Field(2.0, gt=0, description="wait between claims when nothing is free")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
+    max_failures: int = Field(3, ge=1, description="failures of a task, server up, before it fails")
+    retry_s: float = Field(5.0, ge=0, description="first backoff of a given-back task; doubles")
+    outage_s: float = Field(300.0, gt=0, description="how long the server may stay down")
+    watchdog: WatchdogSettings = WatchdogSettings()
+
+    def backoff(self, failures: int) -> float:
+        return min(self.retry_s * 2 ** max(failures - 1, 0), 60.0)
 
 
 class Plan(BaseModel):
@@ -123,15 +139,18 @@ async def work(
     """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
     of groups this worker stored. `lots_in_flight` lots run at once, so the server stays busy
     while a lot waits on its slowest group."""
-    client = PolicyClient(server_url)
+    client = PolicyClient(server_url, watchdog=settings.watchdog)
     limiter = anyio.CapacityLimiter(settings.concurrency)
+    readiness = Readiness(engine, server_url, settings.outage_s)
     stored, running = 0, 0
 
     async def run_lot(lot: list[WorkItem]) -> None:
         nonlocal stored, running
         try:
+            for version in sorted({item.policy_version for item in lot}):
+                await readiness.ensure(version)
             stored += await _collect_lot(
-                engine, client, lot, owner, settings, limiter, reviewer, on_stored
+                engine, client, lot, owner, settings, limiter, reviewer, on_stored, readiness
             )
         finally:
             running -= 1
@@ -144,6 +163,8 @@ async def work(
                     continue
                 if until():
                     break
+                if batch is not None:  # wait out an outage before claiming, not holding claims
+                    await readiness.ensure(batch[2])
                 with workqueue.claiming(engine) as session:
                     lot = workqueue.claim(
                         session, owner, settings.lot_size, settings.lease_s, batch
@@ -153,6 +174,8 @@ async def work(
                     continue
                 running += 1
                 tg.start_soon(run_lot, lot)
+    except* ServerUnavailable as outage:  # the server stayed down: the worker stops
+        raise first_failure(outage) from None
     finally:
         await client.aclose()
         _release_own(engine, owner)
@@ -167,11 +190,14 @@ async def _collect_lot(
     settings: WorkerSettings,
     limiter: anyio.CapacityLimiter,
     reviewer: Reviewer | None,
-    on_stored: Callable[[Group], None] | None = None,
+    on_stored: Callable[[Group], None] | None,
+    readiness: Readiness,
 ) -> int:
     """Collect a lot, renewing its leases meanwhile; items of one batch and plan settings are
-    collected together (so they share an insight board)."""
+    collected together (so they share an insight board). Items whose group failed for want of
+    a server go back to the queue."""
     stored = 0
+    failures: dict[int, ServerUnavailable] = {}
 
     async def collect_share(items: list[WorkItem]) -> None:
         nonlocal stored
@@ -195,6 +221,7 @@ async def _collect_lot(
             limiter=limiter,
             on_group=on_group,
             reviewer=reviewer,
+            on_failure=lambda task, exc: failures.update({plans[task.task_id][0].id or 0: exc}),
         )
 
     async with anyio.create_task_group() as tg:
@@ -203,7 +230,36 @@ async def _collect_lot(
             for _, share in groupby(sorted(lot, key=_share_key), key=_share_key):
                 collecting.start_soon(collect_share, list(share))
         tg.cancel_scope.cancel()
+    if failures:
+        await _give_back(engine, lot, failures, owner, settings, readiness)
     return stored
+
+
+async def _give_back(
+    engine: Engine,
+    lot: list[WorkItem],
+    failures: dict[int, ServerUnavailable],
+    owner: str,
+    settings: WorkerSettings,
+    readiness: Readiness,
+) -> None:
+    """Put failed items back; one probe per version says whether they count as failures."""
+    items = {item.id: item for item in lot if item.id in failures}
+    versions = {item.policy_version for item in items.values()}
+    up = {v: await anyio.to_thread.run_sync(readiness.check, v) is None for v in versions}
+    with store.transaction(engine) as session:
+        for item_id, item in items.items():
+            assert item_id is not None
+            counted = up[item.policy_version]
+            state = workqueue.give_back(
+                session, item_id, owner, str(failures[item_id]), counted=counted,
+                retry_after_s=settings.backoff(item.failures + int(counted)),
+                max_failures=settings.max_failures,
+            )  # fmt: skip
+            log.warning(
+                "%s: %s (%s)", item.task_id, failures[item_id],
+                "failed for good" if state == "failed" else "given back",
+            )  # fmt: skip
 
 
 def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> int:

@@ -248,6 +248,9 @@ class WorkItemRow(Base):
     owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[float | None] = mapped_column(Float)
     claims: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    not_before: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 

@@ -212,7 +212,7 @@ class AliasEvent(Record):
     reason: str = ""
 
 
-WorkState = Literal["queued", "claimed", "done"]
+WorkState = Literal["queued", "claimed", "done", "failed"]
 
 
 class WorkItem(Record):
@@ -221,6 +221,9 @@ class WorkItem(Record):
     `plan` is the collecting flow's own typed plan (the task and its sampling settings),
     serialised: the store keeps it and hands it to whichever worker claims the item.
     `lease_expires_at` is a Unix time; a claim whose lease has passed may be taken again.
+    An item given back after a failure is not claimed before `not_before`; `failures` counts
+    the failures that happened while the server answered probes (an outage counts none), and
+    `error` is the last one.
     """
 
     id: int | None = None
@@ -233,6 +236,9 @@ class WorkItem(Record):
     owner: str | None = None
     lease_expires_at: float | None = None
     claims: int = 0
+    failures: int = 0
+    not_before: float | None = None
+    error: str | None = None
 
 
 ExperienceKind = Literal["strategy", "principle", "insight", "warning", "hint"]

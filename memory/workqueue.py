@@ -9,7 +9,12 @@
 3. A worker renews its leases while it works; a worker that dies stops renewing, and its items
    go back to whoever claims next. Results are written by natural key, so an item collected
    twice (a lease that ran out under a slow worker) is still stored once.
-4. Times are Unix seconds from the worker's clock; machines sharing a queue keep NTP time.
+4. A worker whose group failed for want of a server gives the item back (`give_back`): not
+   claimable again before its backoff ends, and counted as a failure only when the server was
+   answering meanwhile (an outage is nobody's failure). An item that fails `max_failures` times
+   is `failed`: its batch ends, and the flow that waits on it reports the item's last error.
+   `requeue_failed` gives a batch's failed items another chance (a re-run).
+5. Times are Unix seconds from the worker's clock; machines sharing a queue keep NTP time.
 """
 
 from __future__ import annotations
@@ -55,7 +60,10 @@ def claim(
     """Claim up to `limit` claimable items (of `batch` = (round, purpose, version), if given)."""
     now = time.time() if now is None else now
     claimable = or_(
-        WorkItemRow.state == "queued",
+        and_(
+            WorkItemRow.state == "queued",
+            or_(WorkItemRow.not_before.is_(None), WorkItemRow.not_before <= now),
+        ),
         and_(WorkItemRow.state == "claimed", WorkItemRow.lease_expires_at < now),
     )
     chosen = select(WorkItemRow.id).where(claimable).order_by(WorkItemRow.id).limit(limit)
@@ -111,6 +119,62 @@ def complete(session: Session, item_id: int) -> bool:
     return bool(session.execute(statement).rowcount)
 
 
+def give_back(
+    session: Session,
+    item_id: int,
+    owner: str,
+    error: str,
+    *,
+    counted: bool,
+    retry_after_s: float,
+    max_failures: int,
+    now: float | None = None,
+) -> WorkState | None:
+    """Return an item `owner` could not collect; its new state (None if `owner` no longer held
+    it). `counted` failures add up to `max_failures`, after which the item is `failed`."""
+    now = time.time() if now is None else now
+    row = session.get(WorkItemRow, item_id, with_for_update=True)
+    if row is None or row.state != "claimed" or row.owner != owner:
+        return None
+    row.failures += int(counted)
+    row.error = error[:2000]
+    row.owner, row.lease_expires_at = None, None
+    if row.failures >= max_failures:
+        row.state, row.not_before = "failed", None
+    else:
+        row.state, row.not_before = "queued", now + retry_after_s
+    session.flush()
+    return row.state  # type: ignore[return-value]
+
+
+def requeue_failed(session: Session, round_index: int, purpose: GroupPurpose, version: str) -> int:
+    """Give a batch's failed items a fresh start; returns how many."""
+    statement = (
+        update(WorkItemRow)
+        .where(
+            WorkItemRow.round_index == round_index,
+            WorkItemRow.purpose == purpose,
+            WorkItemRow.policy_version == version,
+            WorkItemRow.state == "failed",
+        )
+        .values(state="queued", failures=0, not_before=None)
+    )
+    return session.execute(statement).rowcount or 0
+
+
+def failed(
+    session: Session, round_index: int, purpose: GroupPurpose, version: str
+) -> list[WorkItem]:
+    """A batch's failed items, each with its last error."""
+    query = select(WorkItemRow).where(
+        WorkItemRow.round_index == round_index,
+        WorkItemRow.purpose == purpose,
+        WorkItemRow.policy_version == version,
+        WorkItemRow.state == "failed",
+    )
+    return [WorkItem.model_validate(row) for row in session.scalars(query.order_by(WorkItemRow.id))]
+
+
 def release(session: Session, owners: list[str]) -> int:
     """Put back what `owners` claimed (workers known to be dead); returns how many."""
     statement = (
@@ -140,12 +204,12 @@ def progress(
         )
         .group_by(WorkItemRow.state)
     )
-    counts: dict[WorkState, int] = {"queued": 0, "claimed": 0, "done": 0}
+    counts: dict[WorkState, int] = {"queued": 0, "claimed": 0, "done": 0, "failed": 0}
     counts.update({state: n for state, n in session.execute(query)})  # type: ignore[misc]
     return counts
 
 
 def queue_depth(session: Session) -> int:
-    """Items not done, over all batches."""
-    query = select(func.count()).where(WorkItemRow.state != "done")
+    """Items waiting or claimed, over all batches."""
+    query = select(func.count()).where(WorkItemRow.state.in_(("queued", "claimed")))
     return session.scalar(query) or 0

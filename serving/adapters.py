@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 from safetensors import safe_open
 
+from serving import probe
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -144,16 +145,8 @@ def unload_adapter(url: str, name: str) -> None:
 
 
 def canary(client: httpx.Client, model: str) -> str:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "What is 2 + 3?"}],
-        "max_tokens": 1,
-        "temperature": 0.0,
-    }
-    response = client.post("/v1/chat/completions", json=body)
-    if response.status_code != 200:
-        raise ServingError(f"canary for {model!r} failed ({response.status_code})")
-    choices = response.json().get("choices") or []
-    if not choices:
-        raise ServingError(f"canary for {model!r} returned no choices")
-    return choices[0]["message"]["content"] or ""
+    """A probe under `model`; its text, or `ServingError`."""
+    found = probe.generation(client, model)
+    if not found.ok:
+        raise ServingError(f"canary for {model!r} failed: {found.reason}")
+    return found.text

@@ -20,12 +20,14 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from serving import probe
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class VllmServer:
         self.settings = settings
         self._process: subprocess.Popen[bytes] | None = None
         self._generated: float | None = None
+        self._closing = threading.Event()  # set once: no (re)start may begin or finish after
 
     @property
     def url(self) -> str:
@@ -79,10 +82,17 @@ class VllmServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop for good: a restart under way (the supervisor's) gives up."""
+        self._closing.set()
         self.stop()
 
     def start(self) -> None:
         s = self.settings
+        if self._closing.is_set():
+            raise ServingError(f"the model server on {s.url} is closing")
         if not s.python.is_file():
             raise ServingError(f"model server interpreter {s.python} not found (run `make setup`)")
         if not s.model_path.is_dir():
@@ -98,12 +108,17 @@ class VllmServer:
                 env=self._env(),
                 start_new_session=True,
             )
+        if self._closing.is_set():
+            self.stop()
+            raise ServingError(f"the model server on {s.url} is closing")
         self.wait_healthy()
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
         with httpx.Client(base_url=self.url, timeout=30.0) as client:
             while time.monotonic() < deadline:
+                if self._closing.is_set():
+                    raise ServingError(f"the model server on {self.url} is closing")
                 self._raise_if_exited()
                 if _healthy(client) and generates(client, self.settings.served_name):
                     log.info("vLLM is healthy and generating")
@@ -139,14 +154,35 @@ class VllmServer:
 
     def supervise(self, stop: threading.Event, interval_s: float = 10.0, strikes: int = 2) -> int:
         """Probe every `interval_s` until `stop` is set; restart after `strikes` failed probes
-        in a row (one slow probe on a busy machine is not a death). Returns the restarts."""
+        in a row (one slow probe on a busy machine is not a death). A restart that fails is
+        logged and tried again at the next probe. Returns the restarts."""
         restarts = failures = 0
-        while not stop.wait(interval_s):
+        while not stop.wait(interval_s) and not self._closing.is_set():
             failures = 0 if self.alive() else failures + 1
-            if failures >= strikes:
+            if failures < strikes:
+                continue
+            try:
                 self.restart(f"it failed {failures} probes in a row")
-                restarts, failures = restarts + 1, 0
+            except ServingError as exc:
+                log.error("restarting the model server failed: %s", exc)
+                continue
+            restarts, failures = restarts + 1, 0
         return restarts
+
+    @contextlib.contextmanager
+    def supervised(self, interval_s: float = 10.0) -> Iterator[None]:
+        """`supervise` in a background thread for the length of the block."""
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self.supervise, args=(stop, interval_s), name="vllm-supervisor", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            self._closing.set()  # a restart under way gives up
+            thread.join(timeout=60)
 
     def restart(self, reason: str) -> None:
         log.warning("restarting vLLM on %s: %s", self.url, reason)
@@ -254,18 +290,7 @@ def generated_tokens(client: httpx.Client) -> float | None:
 
 
 def generates(client: httpx.Client, model: str) -> bool:
-    """A real 1-token generation: the only proof that the engine is alive."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 1,
-        "temperature": 0.0,
-    }
-    try:
-        response = client.post("/v1/chat/completions", json=body)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200 and bool(response.json().get("choices"))
+    return probe.generation(client, model).ok
 
 
 def _healthy(client: httpx.Client) -> bool:

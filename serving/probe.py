@@ -1,0 +1,49 @@
+"""The generation probe: a real 1-token greedy generation, the only proof that a model is served.
+
+A dead engine can still answer `/health` and `/v1/models` (vLLM issue 39863), and an adapter can
+be registered yet fail to generate; every liveness check, canary and readiness wait in the
+project asks this one question.
+"""
+
+from __future__ import annotations
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+PROMPT = "What is 2 + 3?"
+
+
+class Probe(BaseModel):
+    """What one probe found: `ok`, else the HTTP status (None when nothing answered) and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    status: int | None = None
+    reason: str = ""
+    text: str = ""
+
+
+def generation(client: httpx.Client, model: str) -> Probe:
+    """Ask `model` for one greedy token through `client` (its base URL is the server)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
+    try:
+        response = client.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        return Probe(ok=False, reason=f"{type(exc).__name__}: {exc}".strip(": ")[:200])
+    if response.status_code != 200:
+        status = response.status_code
+        detail = response.text.strip().splitlines()[0][:200] if response.text.strip() else ""
+        return Probe(ok=False, status=status, reason=f"{status} {detail}".strip())
+    try:
+        choices = response.json().get("choices") or []
+    except ValueError:
+        choices = []
+    if not choices:
+        return Probe(ok=False, status=200, reason="answered with no choices")
+    return Probe(ok=True, status=200, text=choices[0].get("message", {}).get("content") or "")

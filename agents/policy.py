@@ -2,10 +2,11 @@
 
 1. vLLM's `return_token_ids` and `logprobs` give the exact prompt ids, completion ids and
    behaviour logprobs, so training sees what was sampled.
-2. Retries: this client retries only a connection that never reached the server (nothing was
-   sent, so nothing is added to its load). Whatever was sent is never sent again from here: a
-   failed group goes back to the work queue, which retries it with backoff. Each call carries an
-   idempotency key.
+2. Retries, by kind of failure. A fast, transient failure (a refused or reset connection, a
+   500/502/503/504, a 429) costs the server nothing, so the call is made again here, twice at
+   most, after 0.5 s and 2 s. A timeout or a stall is never sent again from here (the server
+   may still be working on it, and a resend would pile onto a slow server): the group goes back
+   to the work queue, which retries it with backoff. Each call carries an idempotency key.
 3. Every call runs under the watchdog (`agents.watchdog`): a deadline sized to the server's
    measured speed and queue, and a stall watch on its token counters.
 4. Failures are one line: `ServerUnavailable` when the server could not answer (never an
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import httpx
 import openai
 from openai import AsyncOpenAI
@@ -28,9 +31,15 @@ from agents.watchdog import Watchdog, WatchdogSettings
 from memory.records import Sample, SamplingSettings
 
 CONNECT_TIMEOUT_S = 10.0
-CONNECT_RETRIES = 2
+RETRY_DELAYS_S = (0.5, 2.0)
 # Statuses that say nothing about the request itself: the server, its model or our access.
 UNAVAILABLE = frozenset({401, 403, 404, 408, 429})
+TRANSIENT = frozenset({429, 500, 502, 503, 504})
+T = TypeVar("T")
+
+
+class _Transient(ServerUnavailable):
+    """A failure worth one more try at once: nothing the server was working on was lost."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,6 @@ class PolicyClient:
         settings = watchdog or WatchdogSettings()
         self._http = http_client or httpx.AsyncClient(
             timeout=httpx.Timeout(settings.ceiling_s, connect=CONNECT_TIMEOUT_S),
-            transport=httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
         )
         self.watchdog = Watchdog(self._http, self._root, settings)
@@ -100,14 +108,22 @@ class PolicyClient:
         return list(self._tokenized[key])
 
     async def _post_tokenize(self, body: dict[str, Any]) -> list[int]:
+        return await self._with_retries(lambda: self._tokenize_once(body))
+
+    async def _tokenize_once(self, body: dict[str, Any]) -> list[int]:
         try:
             response = await self.watchdog.guard(
                 lambda: self._http.post(f"{self._root}/tokenize", json=body), max_tokens=0
             )
-        except httpx.HTTPError as exc:
+        except httpx.TimeoutException as exc:
             raise ServerUnavailable(f"{self._root}: tokenize: {_describe(exc)}") from exc
-        if response.status_code >= 500 or response.status_code in UNAVAILABLE:
-            raise ServerUnavailable(f"{self._root}/tokenize answered {response.status_code}")
+        except httpx.HTTPError as exc:
+            raise _Transient(f"{self._root}: tokenize: {_describe(exc)}") from exc
+        status = response.status_code
+        if status in TRANSIENT:
+            raise _Transient(f"{self._root}/tokenize answered {status}")
+        if status >= 500 or status in UNAVAILABLE:
+            raise ServerUnavailable(f"{self._root}/tokenize answered {status}")
         try:
             response.raise_for_status()
             return list(response.json()["tokens"])
@@ -202,16 +218,33 @@ class PolicyClient:
         return self._to_sample(response)
 
     async def _call(self, call: Any, max_tokens: int) -> Any:
-        try:
-            return await self.watchdog.guard(call, max_tokens)
-        except openai.APIError as exc:
-            raise self._failure(exc) from exc
+        async def once() -> Any:
+            try:
+                return await self.watchdog.guard(call, max_tokens)
+            except openai.APIError as exc:
+                raise self._failure(exc) from exc
+
+        return await self._with_retries(once)
+
+    async def _with_retries(self, once: Callable[[], Awaitable[T]]) -> T:
+        """`once()`, made again after a transient failure, at most `len(RETRY_DELAYS_S)` times."""
+        for delay in RETRY_DELAYS_S:
+            try:
+                return await once()
+            except _Transient:
+                await anyio.sleep(delay)
+        return await once()
 
     def _failure(self, exc: openai.APIError) -> AgentError:
-        """Whether a failed call says something about the request, or only about the server."""
-        if isinstance(exc, openai.APIConnectionError):  # timeouts included
+        """Whether a failed call says something about the request, or only about the server,
+        and whether trying it once more at once is worth it."""
+        if isinstance(exc, openai.APITimeoutError):
             return ServerUnavailable(f"{self._root}: {type(exc).__name__}: {_describe(exc)}")
+        if isinstance(exc, openai.APIConnectionError):
+            return _Transient(f"{self._root}: {type(exc).__name__}: {_describe(exc)}")
         status = getattr(exc, "status_code", 0)
+        if status in TRANSIENT:
+            return _Transient(f"{self._root} answered {status}: {_describe(exc)}")
         if status >= 500 or status in UNAVAILABLE:
             return ServerUnavailable(f"{self._root} answered {status}: {_describe(exc)}")
         return PolicyError(f"{type(exc).__name__}: {_first_line(str(exc))}")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import Reviewer
-from memory.records import Attempt, SamplingSettings
+from memory.records import Attempt, SamplingSettings, describe
 
 REFLECT_SYSTEM = (
     "You review one attempt at a task. Reply with a JSON object only, with the keys: "
@@ -76,8 +76,7 @@ def parse_reply(record: type[Reply], text: str, what: str) -> Reply | str:
     except json.JSONDecodeError as exc:
         return f"not JSON: {exc.msg}"
     except ValidationError as exc:
-        error = exc.errors()[0]
-        return f"invalid {what}: {'.'.join(map(str, error['loc']))}: {error['msg']}"
+        return f"invalid {what}: {describe(exc)}"
 
 
 def parse_reflection(text: str) -> Reflection | str:

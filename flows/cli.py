@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flows.errors import FlowError
+
 if TYPE_CHECKING:
     from memory.records import Group, Segment
 
@@ -63,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         print("flywheel: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI boundary turns known failures into one line
-        if not _is_user_facing(exc):
+        line = _one_line(exc)
+        if line is None:
             raise
-        print(f"flywheel: error: {exc}", file=sys.stderr)
+        print(f"flywheel: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 
@@ -238,6 +241,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=_report_html)
 
+    sandbox = commands.add_parser(
+        "sandbox", help="which isolation model-written code gets on this host"
+    )
+    sandbox.set_defaults(handler=_sandbox)
+
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
     prepare.add_argument("--model", default="smollm2", choices=MODELS)
     prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
@@ -260,7 +268,8 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway-url",
         default=None,
-        help="also tell this running gateway (admin key from FLYWHEEL_ADMIN_KEYS)",
+        help="go through this running gateway, which serves the version before recording it "
+        "(admin key from FLYWHEEL_ADMIN_KEYS; its own gate applies)",
     )
 
 
@@ -304,6 +313,7 @@ def _export(args: argparse.Namespace) -> int:
     from trainer.dataset import build_rows
     from trainer.settings import TrainSettings
 
+    _writable(args.out, "--out")
     settings = TrainSettings(**({"mode": args.mode} if args.mode else {}))
     with store.transaction(store.open_store(_db_url(args))) as session:
         groups = store.load_groups(session, "train", args.round, complete_only=True)
@@ -427,7 +437,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
     admin_keys = _keys("FLYWHEEL_ADMIN_KEYS")
     if not admin_keys:
-        raise ValueError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to protect the admin routes")
+        raise FlowError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to protect the admin routes")
     settings = GatewaySettings(
         upstreams=[u.rstrip("/") for u in args.upstream],
         base_model_path=_model_folder(args.model, args.workdir),
@@ -448,29 +458,60 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _promote(args: argparse.Namespace) -> int:
-    from memory import store
-    from serving import promotion
+    """Through the gateway when one is named (it serves the version everywhere, then records
+    the decision; its own gate applies), else straight in the store."""
+    if args.gateway_url:
+        body = {"version": args.version, "force": args.force}
+        event = _ask_gateway(args.gateway_url, "/admin/promote", body)
+    else:
+        from memory import store
+        from serving import promotion
 
-    with store.transaction(store.open_store(_db_url(args))) as session:
-        event = promotion.promote(
-            session, args.version, promotion.Gate(min_gain=args.min_gain), force=args.force
-        )
-    if event.action != "promote":
-        raise ValueError(f"not promoted: {event.reason}")
-    _tell_gateway(args.gateway_url, "/admin/sync", None)
-    print(f"{event.to_version} now serves (was {event.from_version}): {event.reason}")
+        with store.transaction(store.open_store(_db_url(args))) as session:
+            gate = promotion.Gate(min_gain=args.min_gain)
+            recorded = promotion.promote(session, args.version, gate, force=args.force)
+        event = recorded.model_dump()
+    if event["action"] != "promote":
+        raise FlowError(f"not promoted: {event['reason']}")
+    print(f"{event['to_version']} now serves (was {event['from_version']}): {event['reason']}")
     return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from memory import store
-    from serving import promotion
+    if args.gateway_url:
+        event = _ask_gateway(args.gateway_url, "/admin/rollback", None)
+    else:
+        from memory import store
+        from serving import promotion
 
-    with store.transaction(store.open_store(_db_url(args))) as session:
-        event = promotion.rollback(session)
-    _tell_gateway(args.gateway_url, "/admin/sync", None)
-    print(f"{event.to_version} now serves (was {event.from_version})")
+        with store.transaction(store.open_store(_db_url(args))) as session:
+            event = promotion.rollback(session).model_dump()
+    print(f"{event['to_version']} now serves (was {event['from_version']})")
     return 0
+
+
+def _ask_gateway(url: str, route: str, body: Any) -> dict[str, Any]:
+    """An admin request to a running gateway; any failure is one line, and the gateway changes
+    nothing it could not finish."""
+    import httpx
+
+    key = next(iter(_keys("FLYWHEEL_ADMIN_KEYS")), "")
+    try:
+        response = httpx.post(
+            url.rstrip("/") + route,
+            json=body,
+            timeout=300,
+            headers={"Authorization": f"Bearer {key}"},
+        )
+    except httpx.HTTPError as exc:
+        raise FlowError(f"the gateway at {url} cannot be reached ({exc}); nothing changed") from exc
+    if response.status_code in (200, 409):
+        return dict(response.json())
+    try:
+        reason = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        reason = response.text.strip()[:200]
+    raise FlowError(f"the gateway answered {response.status_code}: {reason}; nothing changed")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -582,9 +623,10 @@ def _report_html(args: argparse.Namespace) -> int:
     from flows import report
     from memory import store
 
+    out = args.out or args.workdir / "report.html"
+    _writable(out, "--out")
     with store.transaction(store.open_store(_db_url(args))) as session:
         data = report.build(session)
-    out = args.out or args.workdir / "report.html"
     report.write_html(data, out)
     print(report.format_table(data))
     print(f"report written to {out}")
@@ -593,19 +635,6 @@ def _report_html(args: argparse.Namespace) -> int:
 
 def _score(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
-
-
-def _tell_gateway(url: str | None, route: str, body: Any) -> None:
-    if url is None:
-        return
-    import httpx
-
-    key = next(iter(_keys("FLYWHEEL_ADMIN_KEYS")), "")
-    response = httpx.post(
-        url.rstrip("/") + route, json=body, timeout=120, headers={"Authorization": f"Bearer {key}"}
-    )
-    if response.status_code != 200:
-        raise ValueError(f"the gateway answered {response.status_code}: {response.text[:200]}")
 
 
 def _run_defaults() -> dict[str, Any]:
@@ -671,7 +700,7 @@ def _serve(args: argparse.Namespace) -> int:
     import subprocess
 
     if args.gateway_port is not None and not _keys("FLYWHEEL_ADMIN_KEYS"):
-        raise ValueError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway")
+        raise FlowError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway")
     args.workdir = args.workdir.resolve()
     if args.db is None:
         args.db = f"sqlite:///{args.workdir}/flywheel.db"
@@ -702,6 +731,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _writable(args.summary_json, "--summary-json")
     settings = _settings(args)
     if args.prefect == "local":
         _use_local_prefect(args.workdir, args.prefect_port)
@@ -765,6 +795,21 @@ def _report(summary: Any, path: Path | None) -> None:
         print(f"summary written to {path}")
 
 
+def _sandbox(args: argparse.Namespace) -> int:
+    from verifiers.sandbox import Isolation, best_isolation
+
+    isolation = best_isolation()
+    blocks = {
+        Isolation.BUBBLEWRAP: "no network, a read-only system, a private /tmp",
+        Isolation.UNSHARE: "no network, own pid namespace, an unprivileged uid",
+        Isolation.PROCESS: "rlimits and a dropped uid only; the network stays reachable",
+    }[isolation]
+    print(f"sandbox isolation: {isolation} ({blocks})")
+    if isolation is Isolation.PROCESS:
+        print("code task sets refuse to run here: install bubblewrap (apt-get install bubblewrap)")
+    return 0
+
+
 def _prepare_model(args: argparse.Namespace) -> int:
     print(_model_folder(args.model, args.workdir))
     return 0
@@ -780,19 +825,38 @@ def _model_folder(model: str, workdir: Path) -> Path:
         return prepare_tiny_llama(cache_dir, prepare_smollm2(cache_dir))
     folder = Path(model)
     if not (folder / "config.json").is_file():
-        raise ValueError(f"--model {model!r} is neither {' nor '.join(MODELS)} nor a model folder")
+        raise FlowError(f"--model {model!r} is neither {' nor '.join(MODELS)} nor a model folder")
     return folder
 
 
-def _is_user_facing(exc: Exception) -> bool:
+def _one_line(exc: Exception) -> str | None:
+    """The line a user sees for a failure the command knows; None for a programming error,
+    which keeps its traceback."""
+    from pydantic import ValidationError
+
     from agents.errors import AgentError
     from memory.errors import StoreError
+    from memory.records import describe
     from serving.errors import ServingError
     from trainer.errors import TrainerError
     from verifiers.errors import VerifierError
 
-    known = (AgentError, StoreError, ServingError, TrainerError, VerifierError, ValueError)
-    return isinstance(exc, known)
+    if isinstance(exc, ValidationError):
+        return describe(exc)
+    known = (AgentError, StoreError, ServingError, TrainerError, VerifierError, FlowError)
+    return str(exc).strip().splitlines()[0] if isinstance(exc, known) and str(exc) else None
+
+
+def _writable(path: Path | None, flag: str) -> None:
+    """Fail now, before any work, if `path` cannot be written."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        raise FlowError(f"{flag} {path} cannot be written: {exc.strerror or exc}") from exc
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from flows.errors import FlowError
+
 LOCAL_PORT = 4200
 
 
@@ -29,7 +31,7 @@ def api_url(home: Path, port: int = LOCAL_PORT, timeout_s: float = 120.0) -> str
         while not _healthy(url):
             if time.monotonic() > deadline:
                 log = home / "server.log"
-                raise ValueError(
+                raise FlowError(
                     f"the local Prefect server did not start in {timeout_s:.0f} s; see {log}"
                 )
             time.sleep(0.5)

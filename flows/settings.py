@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agents.collector import CollectSettings
 from agents.outcome import OutcomeSettings
 from agents.strategy import StrategySettings
+from flows.errors import FlowError
+from memory.records import describe
 from serving.promotion import Gate
 from trainer.settings import TrainSettings
 
@@ -87,14 +89,14 @@ def load_run_settings(
 ) -> RunSettings:
     """Defaults, then the TOML file, then `overrides` (dotted keys like "train.mode").
 
-    Raises `ValueError` with one line naming the bad setting (by its label, e.g. a CLI flag).
+    Raises `FlowError` with one line naming the bad setting (by its label, e.g. a CLI flag).
     """
     values: dict[str, Any] = {}
     if config is not None:
         try:
             values = tomllib.loads(config.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ValueError(f"cannot read config {config}: {exc}") from exc
+            raise FlowError(f"cannot read config {config}: {exc}") from exc
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
         node = values
@@ -104,8 +106,4 @@ def load_run_settings(
     try:
         return RunSettings.model_validate(values)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        name = (labels or {}).get(where) or (f"setting {where}" if where else "settings")
-        message = error["msg"].removeprefix("Value error, ")
-        raise ValueError(f"{name}: {message}") from None
+        raise FlowError(describe(exc, labels, kind="setting")) from None

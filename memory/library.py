@@ -30,14 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from memory.errors import StoreError
+from memory.errors import NotFound, StoreError
 from memory.models import (
     ExperienceEntryRow,
     ExperienceEvidenceRow,
     ExperienceUseRow,
     LibraryEventRow,
 )
-from memory.records import ExperienceEntry, Guidance, LibraryEvent, Zone
+from memory.records import ExperienceEntry, Guidance, LibraryEvent, Zone, describe
 
 Embed = Callable[[list[str]], list[bytes]]
 TRACKED = ("text", "source", "evidence", "utility", "exposures", "negative_windows", "status")
@@ -205,7 +205,7 @@ def used_in(session: Session, group_ids: list[int]) -> dict[int, int]:
 def entry(session: Session, entry_id: int) -> ExperienceEntry:
     row = session.get(ExperienceEntryRow, entry_id)
     if row is None:
-        raise StoreError(f"no library entry {entry_id}")
+        raise NotFound(f"no library entry {entry_id}")
     return ExperienceEntry.model_validate(row)
 
 
@@ -216,9 +216,7 @@ def _validated(candidates: Sequence[Guidance | dict[str, Any]]) -> list[Guidance
         ]
         return [g.model_copy(update={"text": " ".join(g.text.split())}) for g in guidance]
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "record"
-        raise StoreError(f"guidance refused: {where}: {first['msg']}") from exc
+        raise StoreError(f"guidance refused: {describe(exc)}") from exc
 
 
 def _find(session: Session, candidate: Guidance) -> ExperienceEntryRow | None:

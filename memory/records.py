@@ -6,15 +6,32 @@ uses the sampled token ids and their behaviour logprobs, never re-tokenised text
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 AttemptKind = Literal["base", "guided", "retry", "reflection", "insight"]
 LossType = Literal["policy", "pivot", "forced"]
 GroupPurpose = Literal["train", "eval", "capture"]
 AdvantageMode = Literal["grpo", "r3l", "rltldr"]
+
+
+def describe(error: ValidationError, names: Mapping[str, str] | None = None, kind: str = "") -> str:
+    """A validation error as one line: where (by its name in `names`, e.g. a CLI flag, else
+    `kind` and the field's path), then what is wrong."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    label = (names or {}).get(where) or " ".join(filter(None, (kind, where))) or "record"
+    return f"{label}: {first['msg'].removeprefix('Value error, ')}"
 
 
 class Record(BaseModel):

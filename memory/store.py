@@ -33,11 +33,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 
 from memory import trajectory
-from memory.errors import StoreError
+from memory.errors import NotFound, StoreError
 from memory.library import fingerprint
 from memory.models import (
     AliasEventRow,
@@ -65,6 +65,7 @@ from memory.records import (
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+SQLITE_BUSY_MS = 30_000  # how long a write waits for another writer's lock on SQLite
 _ATTEMPTS = selectinload(RolloutGroupRow.attempts)
 _ATTEMPT_PARTS = (
     _ATTEMPTS.selectinload(AttemptRow.segments),
@@ -89,15 +90,25 @@ def open_store(url: str) -> Engine:
             event.listen(engine, "connect", _sqlite_pragmas)
         _migrate(engine)
     except (SQLAlchemyError, OSError) as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        reason = _reason(exc) if isinstance(exc, SQLAlchemyError) else str(exc)
         raise StoreError(f"cannot open database {parsed.render_as_string()}: {reason}") from exc
     return engine
 
 
 @contextmanager
 def transaction(engine: Engine) -> Iterator[Session]:
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        yield session
+    """A session in one transaction, committed at the end or rolled back on any error. A
+    database that cannot be reached or is locked becomes one `StoreError` line; nothing of the
+    transaction is applied."""
+    try:
+        with Session(engine, expire_on_commit=False) as session, session.begin():
+            yield session
+    except (OperationalError, InterfaceError) as exc:
+        raise StoreError(f"database error: {_reason(exc)}") from exc
+
+
+def _reason(exc: SQLAlchemyError) -> str:
+    return str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:300]
 
 
 def save_group(session: Session, group: Group) -> int:
@@ -437,7 +448,7 @@ def record_feedback(session: Session, task_id: str, score: float, reason: str) -
         select(RolloutGroupRow).filter_by(purpose="capture", task_id=task_id)
     ).first()
     if group is None or not group.attempts:
-        raise StoreError(f"unknown capture id {task_id!r}")
+        raise NotFound(f"unknown capture id {task_id!r}")
     attempt = group.attempts[0]
     attempt.reward = score
     attempt.correct = score >= 1.0
@@ -571,7 +582,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
     cursor.close()
 
 
@@ -732,5 +743,5 @@ def _attempt_record(row: AttemptRow) -> Attempt:
 def _policy_row(session: Session, name: str) -> PolicyVersionRow:
     row = session.scalars(select(PolicyVersionRow).filter_by(name=name)).first()
     if row is None:
-        raise StoreError(f"unknown policy version {name!r}")
+        raise NotFound(f"unknown policy version {name!r}")
     return row

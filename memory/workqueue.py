@@ -28,13 +28,13 @@ from sqlalchemy.orm import Session
 
 from memory.models import WorkItemRow
 from memory.records import GroupPurpose, WorkItem, WorkState
-from memory.store import insert_for
+from memory.store import insert_for, transaction
 
 
 @contextmanager
 def claiming(engine: Engine) -> Iterator[Session]:
     """A transaction for `claim`: on SQLite it takes the write lock up front."""
-    with Session(engine, expire_on_commit=False) as session, session.begin():
+    with transaction(engine) as session:
         if engine.dialect.name == "sqlite":
             session.execute(text("BEGIN IMMEDIATE"))
         yield session

@@ -8,7 +8,7 @@ to get those ids are removed from the caller's response unless the caller asked 
 
 from __future__ import annotations
 
-import uuid
+import json
 from typing import Any
 
 from memory.records import Attempt, Group, Sample, SamplingSettings
@@ -24,8 +24,9 @@ def prepare_request(body: dict[str, Any]) -> dict[str, bool]:
     return asked
 
 
-def captured_group(body: dict[str, Any], response: dict[str, Any]) -> Group | None:
-    """The trajectory in a completed chat response, or None if it lacks token ids."""
+def captured_group(body: dict[str, Any], response: dict[str, Any], task_id: str) -> Group | None:
+    """The trajectory in a completed chat response (stored under `task_id`), or None if it
+    lacks token ids."""
     choices = response.get("choices") or []
     prompt_ids = response.get("prompt_token_ids")
     if not choices or prompt_ids is None or choices[0].get("token_ids") is None:
@@ -45,10 +46,10 @@ def captured_group(body: dict[str, Any], response: dict[str, Any]) -> Group | No
         sample_index=0,
         policy_version=body["model"],
         messages=messages,
-        sampling=SamplingSettings(
-            temperature=float(body.get("temperature", 1.0)),
-            max_tokens=int(body.get("max_tokens") or 0),
-            top_p=float(body.get("top_p", 1.0)),
+        sampling=SamplingSettings(  # null means the default, as in the OpenAI API
+            temperature=_number(body.get("temperature"), 1.0),
+            max_tokens=int(body.get("max_tokens") or body.get("max_completion_tokens") or 0),
+            top_p=_number(body.get("top_p"), 1.0),
         ),
         sample=sample,
         reward=0.0,
@@ -60,13 +61,65 @@ def captured_group(body: dict[str, Any], response: dict[str, Any]) -> Group | No
     return Group(
         round_index=0,
         purpose="capture",
-        task_id=f"capture:{uuid.uuid4().hex}",
+        task_id=task_id,
         taskset="gateway",
         question=str(question),
         policy_version=body["model"],
         size=1,
         attempts=[attempt],
     )
+
+
+class StreamRecorder:
+    """The first choice of a streamed chat completion, gathered chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.prompt_ids: list[int] | None = None
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish_reason: str | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = chunk["prompt_token_ids"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            self.text.append((choice.get("delta") or {}).get("content") or "")
+            self.ids.extend(choice.get("token_ids") or [])
+            content = (choice.get("logprobs") or {}).get("content") or []
+            self.logprobs.extend(entry["logprob"] for entry in content)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def response(self) -> dict[str, Any]:
+        """What a non-streamed answer would have held, for `captured_group`."""
+        choice = {
+            "message": {"role": "assistant", "content": "".join(self.text)},
+            "token_ids": self.ids if self.finish_reason else None,  # unfinished: not captured
+            "logprobs": {"content": [{"logprob": lp} for lp in self.logprobs]},
+            "finish_reason": self.finish_reason,
+        }
+        return {"prompt_token_ids": self.prompt_ids, "choices": [choice]}
+
+
+def relay_line(line: str, recorder: StreamRecorder, asked: dict[str, bool]) -> str:
+    """One line of a server-sent event stream: its chunk recorded, then passed on without the
+    fields the caller did not ask for."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return line
+    try:
+        chunk = json.loads(line.removeprefix("data: "))
+    except ValueError:
+        return line
+    if not isinstance(chunk, dict):
+        return line
+    recorder.feed(chunk)
+    return "data: " + json.dumps(strip_unasked(chunk, asked))
+
+
+def _number(value: Any, default: float) -> float:
+    return default if value is None else float(value)
 
 
 def strip_unasked(response: dict[str, Any], asked: dict[str, bool]) -> dict[str, Any]:

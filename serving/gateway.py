@@ -1,62 +1,51 @@
 """The OpenAI-compatible gateway in front of one or more vLLM servers.
 
 1. Inference routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`), streaming or not,
-   are proxied to the upstream servers in turn. A request for the stable alias (`policy`) is
-   rewritten to the version the alias points at *when the request starts*, so switching the
-   alias drops nothing and in-flight requests finish on the version they started on.
-2. Admin routes load adapters (validated and confined to the checkpoint root, then canaried on
+   are proxied to the upstream servers that answer, in turn (`serving.router`). A request for
+   the stable alias (`policy`) is rewritten to the version the alias points at when it starts.
+2. Failures have clear statuses and lose nothing: an unknown model or version 404; no upstream
+   answering 503; an upstream that fails before or in the middle of an answer 502, or, once a
+   stream has begun, an error event that ends the stream cleanly.
+3. Admin routes load adapters (validated and confined to the checkpoint root, then canaried on
    every upstream), promote through the evaluation gate, and roll back; every decision is
-   recorded in the store. Old versions are unloaded once nothing is in flight on them.
-3. Keys: user keys for inference (none configured: inference is open), admin keys for admin
+   recorded in the store.
+4. With capture on, chat completions, streamed or not, are stored as trajectories
+   (`serving.capture`); a capture that cannot be stored is logged and the answer still goes out.
+5. Keys: user keys for inference (none configured: inference is open), admin keys for admin
    routes. Missing or unknown key: 401; a user key on an admin route: 403. Other routes: 404.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import logging
 import threading
 import time
-from collections import Counter
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from sqlalchemy import Engine
 
 from memory import store
-from memory.errors import StoreError
-from serving import adapters, capture, promotion
-from serving.errors import ServingError
+from memory.errors import NotFound
+from serving import capture
+from serving.errors import ServingError, UpstreamError
+from serving.router import GatewaySettings, NoUpstream, Router
+
+__all__ = ["GatewaySettings", "create_app", "running"]
 
 log = logging.getLogger(__name__)
 
-INFERENCE_ROUTES = ("/v1/chat/completions", "/v1/completions")
-
-
-class GatewaySettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    upstreams: list[str] = Field(min_length=1)
-    base_model_path: Path
-    checkpoint_root: Path
-    alias: str = promotion.DEFAULT_ALIAS
-    user_keys: frozenset[str] = frozenset()
-    admin_keys: frozenset[str] = frozenset()
-    max_lora_rank: int = 16
-    keep_versions: int = 3
-    gate: promotion.Gate = promotion.Gate()
-    timeout_s: float = 600.0
-    sync_interval_s: float = 5.0
-    capture: bool = False
+CHAT = "/v1/chat/completions"
 
 
 class LoadRequest(BaseModel):
@@ -75,148 +64,31 @@ class PromoteRequest(BaseModel):
     force: bool = False
 
 
-class Router:
-    """Which versions are served, where the alias points, and what is in flight."""
-
-    def __init__(self, settings: GatewaySettings, engine: Engine) -> None:
-        self.settings = settings
-        self.engine = engine
-        self.base_modules = adapters.base_model_modules(settings.base_model_path)
-        self.target = ""
-        self.versions: list[str] = []  # served adapter versions, oldest first
-        self.inflight: Counter[str] = Counter()
-        self._upstreams = itertools.cycle(settings.upstreams)
-        self._admin_lock = asyncio.Lock()
-
-    def next_upstream(self) -> str:
-        return next(self._upstreams)
-
-    def resolve(self, model: Any) -> str:
-        if model == self.settings.alias:
-            return self.target
-        if isinstance(model, str) and (model == self.base_name or model in self.versions):
-            return model
-        raise HTTPException(404, f"model {model!r} is not served here")
-
-    @property
-    def base_name(self) -> str:
-        return self.settings.base_model_path.name
-
-    async def sync_from_store(self) -> None:
-        """Point the alias at the store's serving version, loading its adapter if needed."""
-        with store.transaction(self.engine) as session:
-            head = store.promoted_policy(session)
-        if head is None:
-            self.target = self.base_name
-            return
-        if head.adapter_path is not None:
-            await self._serve(head.name, Path(head.adapter_path))
-        self.target = head.name
-
-    async def sync(self) -> None:
-        async with self._admin_lock:
-            await self.sync_from_store()
-
-    async def follow_store(self, interval_s: float) -> None:
-        """Keep the alias on the store's serving version (promotions made elsewhere)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.sync()
-            except (ServingError, httpx.HTTPError, OSError) as exc:
-                log.warning("alias sync failed, keeping %s: %s", self.target, exc)
-
-    async def load(self, name: str, path: Path) -> None:
-        async with self._admin_lock:
-            await self._serve(name, path)
-            await self._evict()
-
-    async def promote(self, version: str, force: bool) -> dict[str, Any]:
-        """Gate, serve, then move the alias; if serving fails the store is left unchanged."""
-        async with self._admin_lock:
-            with store.transaction(self.engine) as session:
-                event = promotion.promote(
-                    session, version, self.settings.gate, self.settings.alias, force
-                )
-                adapter = store.policy_version(session, version).adapter_path
-                if event.action == "promote" and adapter is not None:
-                    await self._serve(version, Path(adapter))
-            if event.action == "promote":
-                self.target = version
-            return event.model_dump(mode="json")
-
-    async def rollback(self) -> dict[str, Any]:
-        async with self._admin_lock:
-            with store.transaction(self.engine) as session:
-                event = promotion.rollback(session, self.settings.alias)
-            await self.sync_from_store()
-            return event.model_dump(mode="json")
-
-    def state(self) -> dict[str, Any]:
-        return {
-            "alias": self.settings.alias,
-            "target": self.target,
-            "base": self.base_name,
-            "versions": list(self.versions),
-            "inflight": dict(self.inflight),
-        }
-
-    async def _serve(self, name: str, path: Path) -> None:
-        """Make every upstream serve `name`; a restarted upstream gets it back here."""
-        if name == self.base_name:
-            return
-        resolved = await asyncio.to_thread(self._checked_path, name, path)
-        for upstream in self.settings.upstreams:
-            await asyncio.to_thread(adapters.ensure_loaded, upstream, name, resolved)
-        if name not in self.versions:
-            self.versions.append(name)
-
-    def _checked_path(self, name: str, path: Path) -> Path:
-        """Validate a version's adapter the first time this gateway serves it."""
-        if name in self.versions:
-            return path.resolve()
-        return adapters.validate_adapter(
-            path,
-            root=self.settings.checkpoint_root,
-            max_rank=self.settings.max_lora_rank,
-            base_modules=self.base_modules,
-        )
-
-    async def _evict(self) -> None:
-        keep = {self.target, *self._rollback_targets()}
-        while len(self.versions) > self.settings.keep_versions:
-            idle = [v for v in self.versions if v not in keep and self.inflight[v] == 0]
-            if not idle:
-                return
-            victim = idle[0]
-            for upstream in self.settings.upstreams:
-                await asyncio.to_thread(adapters.unload_adapter, upstream, victim)
-            self.versions.remove(victim)
-
-    def _rollback_targets(self) -> list[str]:
-        with store.transaction(self.engine) as session:
-            return [v.name for v in store.promoted_history(session)[:2]]
-
-
 def create_app(
     settings: GatewaySettings,
     engine: Engine,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The gateway app; `transport` replaces the network to the upstreams (tests)."""
-    router = Router(settings, engine)
     client = httpx.AsyncClient(
         timeout=settings.timeout_s,
         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
         transport=transport,
     )
+    router = Router(settings, engine, client)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await router.sync_from_store()
-        follower = asyncio.create_task(router.follow_store(settings.sync_interval_s))
-        yield
-        follower.cancel()
+        try:
+            await router.sync_from_store()
+        except (ServingError, httpx.HTTPError) as exc:
+            log.warning("serving the store's version failed at start, will retry: %s", exc)
+            router.target = router.target or router.base_name
+        async with anyio.create_task_group() as background:
+            background.start_soon(router.follow_store)
+            background.start_soon(router.watch_upstreams)
+            yield
+            background.cancel_scope.cancel()
         await client.aclose()
 
     app = FastAPI(
@@ -225,13 +97,10 @@ def create_app(
     app.state.router = router
     user = Depends(_key_check(settings, admin=False))
     admin = Depends(_key_check(settings, admin=True))
-
-    @app.exception_handler(ServingError)
-    async def _serving_error(_request: Request, exc: ServingError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+    _error_handlers(app)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health() -> dict[str, Any]:
         return {"status": "ok", "alias": settings.alias, "target": router.target}
 
     @app.get("/v1/models", dependencies=[user])
@@ -243,73 +112,43 @@ def create_app(
         }
 
     async def proxy(request: Request, route: str) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, "request body is not JSON") from None
-        if not isinstance(body, dict):
-            raise HTTPException(400, "request body must be a JSON object")
+        body = await _json_body(request)
         version = router.resolve(body.get("model"))
+        if version is None:
+            raise HTTPException(404, f"model {body.get('model')!r} is not served here")
         body["model"] = version
-        capturing = settings.capture and route == "/v1/chat/completions" and not body.get("stream")
-        asked = capture.prepare_request(body) if capturing else None
+        asked = capture.prepare_request(body) if settings.capture and route == CHAT else None
         router.inflight[version] += 1
         try:
-            upstream_request = client.build_request(
-                "POST", router.next_upstream() + route, json=body
-            )
-            upstream = await client.send(upstream_request, stream=True)
-        except httpx.HTTPError as exc:
+            upstream = await _send(client, router, route, body)
+        except BaseException:
             router.inflight[version] -= 1
-            raise HTTPException(502, f"upstream error: {type(exc).__name__}") from exc
-        if not body.get("stream"):
-            try:
-                content = await upstream.aread()
-            finally:
-                await upstream.aclose()
-                router.inflight[version] -= 1
-            if asked is not None and upstream.status_code == 200:
-                return await record(body, content, asked)
-            return Response(
-                content,
-                status_code=upstream.status_code,
-                media_type=upstream.headers.get("content-type"),
-            )
-
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_bytes():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-                router.inflight[version] -= 1
-
-        return StreamingResponse(
-            relay(),
+            raise
+        if body.get("stream"):
+            return _relay(upstream, router, version, engine, body, asked)
+        try:
+            content = await upstream.aread()
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"the model server failed mid-answer: {exc}") from exc
+        finally:
+            await upstream.aclose()
+            router.inflight[version] -= 1
+        if asked is not None and upstream.status_code == 200:
+            return await _recorded(engine, body, content, asked)
+        return Response(
+            content,
             status_code=upstream.status_code,
             media_type=upstream.headers.get("content-type"),
         )
 
-    async def record(body: dict[str, Any], content: bytes, asked: dict[str, bool]) -> Response:
-        payload = json.loads(content)
-        group = capture.captured_group(body, payload)
-        headers = {}
-        if group is not None:
-            await asyncio.to_thread(_save_group, engine, group)
-            headers[capture.CAPTURE_HEADER] = group.task_id
-        return JSONResponse(capture.strip_unasked(payload, asked), headers=headers)
-
     @app.post("/v1/feedback", dependencies=[user])
     async def feedback(body: FeedbackRequest) -> dict[str, str]:
-        try:
-            await asyncio.to_thread(_save_feedback, engine, body)
-        except StoreError as exc:
-            raise HTTPException(404, str(exc)) from None
+        await anyio.to_thread.run_sync(_save_feedback, engine, body)  # unknown id: 404
         return {"status": "recorded", "id": body.id}
 
-    @app.post("/v1/chat/completions", dependencies=[user])
+    @app.post(CHAT, dependencies=[user])
     async def chat(request: Request) -> Response:
-        return await proxy(request, "/v1/chat/completions")
+        return await proxy(request, CHAT)
 
     @app.post("/v1/completions", dependencies=[user])
     async def completions(request: Request) -> Response:
@@ -339,6 +178,120 @@ def create_app(
         return router.state()
 
     return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    def error(status: int, exc: Exception) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=status)
+
+    @app.exception_handler(NoUpstream)
+    async def _no_upstream(_request: Request, exc: NoUpstream) -> JSONResponse:
+        return error(503, exc)
+
+    @app.exception_handler(UpstreamError)
+    async def _upstream(_request: Request, exc: UpstreamError) -> JSONResponse:
+        return error(502, exc)
+
+    @app.exception_handler(ServingError)
+    async def _serving(_request: Request, exc: ServingError) -> JSONResponse:
+        return error(400, exc)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_request: Request, exc: NotFound) -> JSONResponse:
+        return error(404, exc)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise HTTPException(400, "request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise HTTPException(400, "request body must be a JSON object")
+    return body
+
+
+async def _send(
+    client: httpx.AsyncClient, router: Router, route: str, body: dict[str, Any]
+) -> httpx.Response:
+    """Send to the next answering upstream; one that refuses the connection (nothing reached
+    it) leaves the rotation and the next is tried."""
+    for _ in router.settings.upstreams:
+        upstream = router.next_upstream()
+        request = client.build_request("POST", upstream + route, json=body)
+        try:
+            return await client.send(request, stream=True)
+        except httpx.ConnectError as exc:
+            router.mark_down(upstream, f"connection refused: {exc}")
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"the model server failed: {type(exc).__name__}: {exc}") from exc
+    raise NoUpstream("no model server accepted the connection")
+
+
+def _relay(
+    upstream: httpx.Response,
+    router: Router,
+    version: str,
+    engine: Engine,
+    body: dict[str, Any],
+    asked: dict[str, bool] | None,
+) -> StreamingResponse:
+    """Relay a stream; with capture, record it and drop the fields the caller did not ask
+    for. An upstream that fails mid-stream ends it with an error event."""
+    recording = asked is not None and upstream.status_code == 200
+    capture_id = f"capture:{uuid.uuid4().hex}"
+
+    async def events() -> AsyncIterator[bytes]:
+        recorder = capture.StreamRecorder()
+        try:
+            if not recording:
+                async for chunk in upstream.aiter_bytes():
+                    yield chunk
+                return
+            assert asked is not None
+            async for line in upstream.aiter_lines():
+                yield (capture.relay_line(line, recorder, asked) + "\n").encode()
+            await _store_capture(engine, body, recorder.response(), capture_id)
+        except httpx.HTTPError as exc:
+            log.warning("upstream failed mid-stream for %s: %s", version, exc)
+            message = {"message": f"the model server failed mid-stream: {exc}", "code": 502}
+            yield f"data: {json.dumps({'error': message})}\n\ndata: [DONE]\n\n".encode()
+        finally:
+            await upstream.aclose()
+            router.inflight[version] -= 1
+
+    headers = {capture.CAPTURE_HEADER: capture_id} if recording else {}
+    return StreamingResponse(
+        events(),
+        status_code=upstream.status_code,
+        media_type=upstream.headers.get("content-type"),
+        headers=headers,
+    )
+
+
+async def _recorded(
+    engine: Engine, body: dict[str, Any], content: bytes, asked: dict[str, bool]
+) -> Response:
+    payload = json.loads(content)
+    capture_id = f"capture:{uuid.uuid4().hex}"
+    stored = await _store_capture(engine, body, payload, capture_id)
+    headers = {capture.CAPTURE_HEADER: capture_id} if stored else {}
+    return JSONResponse(capture.strip_unasked(payload, asked), headers=headers)
+
+
+async def _store_capture(
+    engine: Engine, body: dict[str, Any], payload: dict[str, Any], capture_id: str
+) -> bool:
+    """Store a captured trajectory; a failure is logged, never the caller's problem."""
+    try:
+        group = capture.captured_group(body, payload, capture_id)
+        if group is None:
+            return False
+        await anyio.to_thread.run_sync(_save_group, engine, group)
+    except Exception as exc:  # noqa: BLE001 - the answer goes out whatever the store says
+        log.error("capture %s not stored: %s", capture_id, exc)
+        return False
+    return True
 
 
 @contextmanager

@@ -26,17 +26,21 @@ class Gate(BaseModel):
     min_gain: float = 0.0
 
 
-def serving_version(session: Session) -> PolicyVersion:
-    history = store.promoted_history(session)
-    if not history:
-        raise ServingError("no promoted version in the store: run `flywheel run` first")
-    return history[0]
+def refusal(
+    session: Session, version: PolicyVersion, gate: Gate, force: bool = False
+) -> str | None:
+    """Why the gate refuses `version` (None: it passes); reads only."""
+    if force:
+        return None
+    current = store.promoted_history(session)
+    return _refusal(version, current[0] if current else None, gate)
 
 
 def promote(
     session: Session, candidate: str, gate: Gate, alias: str = DEFAULT_ALIAS, force: bool = False
 ) -> AliasEvent:
-    """Promote `candidate` if it passes the gate; returns the recorded event (promote or refuse)."""
+    """Promote `candidate` if it passes the gate; returns the recorded event (promote or refuse).
+    An unknown candidate raises `StoreError`."""
     version = store.policy_version(session, candidate)
     current = store.promoted_history(session)
     serving = current[0] if current else None
@@ -54,11 +58,17 @@ def promote(
     return event
 
 
-def rollback(session: Session, alias: str = DEFAULT_ALIAS) -> AliasEvent:
+def rollback_target(session: Session) -> PolicyVersion:
+    """The version a rollback would serve again; reads only."""
     history = store.promoted_history(session)
     if len(history) < 2:
         raise ServingError("nothing to roll back to: fewer than two promoted versions")
-    head, previous = history[0], history[1]
+    return history[1]
+
+
+def rollback(session: Session, alias: str = DEFAULT_ALIAS) -> AliasEvent:
+    previous = rollback_target(session)
+    head = store.promoted_history(session)[0]
     store.set_promoted(session, head.name, False)
     event = AliasEvent(
         alias=alias,

@@ -72,6 +72,11 @@ class VllmServer:
     def url(self) -> str:
         return self.settings.url
 
+    @property
+    def pid(self) -> int | None:
+        """The API server's process id while it runs."""
+        return self._process.pid if self._process is not None else None
+
     def __enter__(self) -> VllmServer:
         self.start()
         return self
@@ -252,7 +257,10 @@ class VllmServer:
 
 
 def ensure_port_free(host: str, port: int) -> None:
+    """Raise unless a server could listen on `port`; connections in TIME_WAIT do not count
+    (servers bind with SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:

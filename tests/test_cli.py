@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
         ["serve"],
         ["export"],
         ["strategies"],
+        ["sandbox"],
     ],
 )
 def test_help(command: list[str]) -> None:
@@ -54,6 +55,7 @@ def test_help(command: list[str]) -> None:
         (["--db", "mysql://x@h/db"], "unsupported database 'mysql'"),
         (["--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "cannot open database"),
         (["--model", "/no/such/folder"], "neither smollm2 nor tiny nor a model folder"),
+        (["--summary-json", "/proc/no/s.json"], "--summary-json /proc/no/s.json cannot be written"),
     ],
 )
 def test_bad_input_is_one_line(args, message, tmp_path: Path, capsys) -> None:
@@ -107,6 +109,67 @@ def test_promote_and_rollback_by_hand(tmp_path: Path, capsys) -> None:
         assert store.promoted_policy(session).name == "v2"
         actions = [e.action for e in store.alias_events(session, "policy")]
     assert actions == ["refuse", "promote", "promote", "rollback"]
+
+
+def seeded(tmp_path: Path) -> str:
+    from memory import store
+    from memory.records import PolicyVersion
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    with store.transaction(store.open_store(db)) as session:
+        for name, score in (("base", 0.3), ("v2", 0.4)):
+            store.save_policy_version(session, PolicyVersion(name=name, base_model="m"))
+            store.record_evaluation(session, name, score)
+        store.set_promoted(session, "base", True)
+    return db
+
+
+def serving(db: str) -> str:
+    from memory import store
+
+    with store.transaction(store.open_store(db)) as session:
+        return store.promoted_policy(session).name
+
+
+def test_a_gateway_that_cannot_be_reached_changes_nothing(tmp_path: Path, capsys) -> None:
+    from tests.conftest import free_port
+
+    db = seeded(tmp_path)
+    gateway = f"http://127.0.0.1:{free_port()}"
+    for command in (["promote", "v2"], ["rollback"]):
+        assert main([*command, "--db", db, "--gateway-url", gateway]) == 2
+        err = capsys.readouterr().err
+        assert f"the gateway at {gateway} cannot be reached" in err and "nothing changed" in err
+        assert err.count("\n") == 1
+    assert serving(db) == "base"
+
+
+def test_a_locked_database_is_one_line_and_changes_nothing(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from memory import store
+
+    db = seeded(tmp_path)
+    monkeypatch.setattr(store, "SQLITE_BUSY_MS", 200)
+    holder = sqlite3.connect(tmp_path / "cli.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        assert main(["promote", "v2", "--db", db]) == 2
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    err = capsys.readouterr().err
+    assert err == "flywheel: error: database error: database is locked\n"
+    assert serving(db) == "base"
+
+
+def test_an_unwritable_export_fails_before_reading_anything(tmp_path: Path, capsys) -> None:
+    db = seeded(tmp_path)
+    for command in (["export"], ["report"]):
+        assert main([*command, "--db", db, "--out", "/proc/no/x"]) == 2
+        assert "--out /proc/no/x cannot be written" in capsys.readouterr().err
 
 
 def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) -> None:
@@ -240,3 +303,10 @@ def test_lineage_names_the_rounds_groups_and_lessons_behind_a_version(
     assert out[1] == f"    library lessons shown to its groups: #{entry} x1"
     assert out[2] == f"    groups: {ids[0]}: a, {ids[1]}: b"
     assert out[3] == "base  (base)"
+
+
+def test_sandbox_names_the_isolation_in_use(capsys) -> None:
+    from verifiers.sandbox import best_isolation
+
+    assert main(["sandbox"]) == 0
+    assert capsys.readouterr().out.startswith(f"sandbox isolation: {best_isolation()} (")

@@ -1,6 +1,7 @@
 """Gateway logic against a scripted upstream (httpx.MockTransport): auth, alias, routes, gate."""
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -9,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from memory import store
 from memory.records import PolicyVersion
+from serving import probe
 from serving.gateway import GatewaySettings, create_app
 from tests.conftest import seed_promoted
 
@@ -24,6 +26,8 @@ def gateway(tiny_model_path: Path, tmp_path: Path):
 
     def upstream(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
+        if body["messages"][0]["content"] == probe.PROMPT:  # the gateway's own health probes
+            return httpx.Response(200, json=reply(body["model"]))
         seen.append({"url": str(request.url), **body})
         if body.get("stream"):
             chunks = [f'data: {{"model": "{body["model"]}", "n": {i}}}\n\n' for i in range(3)]
@@ -32,7 +36,7 @@ def gateway(tiny_model_path: Path, tmp_path: Path):
                 content="".join(chunks) + "data: [DONE]\n\n",
                 headers={"content-type": "text/event-stream"},
             )
-        return httpx.Response(200, json={"model": body["model"], "choices": []})
+        return httpx.Response(200, json=reply(body["model"]))
 
     settings = GatewaySettings(
         upstreams=["http://up-1", "http://up-2"],
@@ -44,6 +48,11 @@ def gateway(tiny_model_path: Path, tmp_path: Path):
     app = create_app(settings, engine, transport=httpx.MockTransport(upstream))
     with TestClient(app) as client:
         yield client, seen, engine, base
+
+
+def reply(model: str, text: str = "ok") -> dict:
+    message = {"role": "assistant", "content": text}
+    return {"model": model, "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
 
 def chat(model: str = "policy", **extra) -> dict:
@@ -145,44 +154,53 @@ def test_alias_follows_promotions_made_in_the_store(gateway) -> None:
     assert seen[-1]["model"] == "v-flow"
 
 
-def test_capture_records_trajectories_and_feedback(tiny_model_path: Path, tmp_path: Path) -> None:
-    engine = store.open_store(f"sqlite:///{tmp_path / 'capture.db'}")
-    base = tiny_model_path.name
-    seed_promoted(engine, base)
-    sent: list[dict] = []
+CAPTURED_CHOICE = {
+    "index": 0,
+    "finish_reason": "stop",
+    "token_ids": [7, 8],
+    "message": {"role": "assistant", "content": "four"},
+    "logprobs": {"content": [{"token": "f", "logprob": -0.1}, {"token": "our", "logprob": -0.2}]},
+}
+
+
+def capturing_upstream(sent: list[dict]):
+    """A scripted vLLM that returns token ids and logprobs, streamed or not."""
 
     def upstream(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
+        if body["messages"][0]["content"] == probe.PROMPT:
+            return httpx.Response(200, json=reply(body["model"]))
         sent.append(body)
-        return httpx.Response(
-            200,
-            json={
-                "model": body["model"],
-                "prompt_token_ids": [1, 2, 3],
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "token_ids": [7, 8],
-                        "message": {"role": "assistant", "content": "four"},
-                        "logprobs": {
-                            "content": [
-                                {"token": "f", "logprob": -0.1},
-                                {"token": "our", "logprob": -0.2},
-                            ]
-                        },
-                    }
-                ],
-            },
-        )
+        if not body.get("stream"):
+            answer = {"model": body["model"], "prompt_token_ids": [1, 2, 3]}
+            return httpx.Response(200, json=answer | {"choices": [CAPTURED_CHOICE]})
+        first = {"prompt_token_ids": [1, 2, 3], "choices": [{"index": 0, "delta": {}}]}
+        pieces = [
+            {"delta": {"content": "fo"}, "token_ids": [7], "finish_reason": None,
+             "logprobs": {"content": [{"token": "f", "logprob": -0.1}]}},
+            {"delta": {"content": "ur"}, "token_ids": [8], "finish_reason": "stop",
+             "logprobs": {"content": [{"token": "our", "logprob": -0.2}]}},
+        ]  # fmt: skip
+        chunks = [first, *({"choices": [{"index": 0, **p}]} for p in pieces)]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=text, headers={"content-type": "text/event-stream"})
 
+    return upstream
+
+
+def test_capture_records_trajectories_streamed_or_not_and_feedback(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    engine = store.open_store(f"sqlite:///{tmp_path / 'capture.db'}")
+    seed_promoted(engine, tiny_model_path.name)
+    sent: list[dict] = []
     settings = GatewaySettings(
         upstreams=["http://up"],
         base_model_path=tiny_model_path,
         checkpoint_root=tmp_path,
         capture=True,
     )
-    app = create_app(settings, engine, transport=httpx.MockTransport(upstream))
+    app = create_app(settings, engine, transport=httpx.MockTransport(capturing_upstream(sent)))
     with TestClient(app) as client:
         response = client.post("/v1/chat/completions", json=chat(temperature=0.3))
         assert response.status_code == 200
@@ -195,15 +213,30 @@ def test_capture_records_trajectories_and_feedback(tiny_model_path: Path, tmp_pa
         assert ok.status_code == 200
         unknown = client.post("/v1/feedback", json={"id": "capture:nope", "score": 1.0})
         assert unknown.status_code == 404
+        nulls = client.post("/v1/chat/completions", json=chat(temperature=None, top_p=None))
+        assert nulls.status_code == 200 and "X-Flywheel-Capture-Id" in nulls.headers
+        with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as streamed:
+            lines = [line for line in streamed.iter_lines() if line.startswith("data: {")]
+            streamed_id = streamed.headers["X-Flywheel-Capture-Id"]
+    assert all("token_ids" not in line and '"logprob"' not in line for line in lines)
+    assert "".join(json.loads(x[6:])["choices"][0]["delta"].get("content", "") for x in lines) == (
+        "four"
+    )
     with store.transaction(engine) as session:
-        (group,) = store.load_groups(session, "capture")
-    attempt = group.attempts[0]
-    assert group.task_id == capture_id and group.question == "hi"
-    assert attempt.sample.prompt_token_ids == [1, 2, 3]
-    assert attempt.sample.completion_token_ids == [7, 8]
-    assert attempt.sample.logprobs == [-0.1, -0.2]
-    assert attempt.sampling.temperature == 0.3
-    assert attempt.reward == 1.0 and attempt.reason == "user feedback"
+        groups = {g.task_id: g for g in store.load_groups(session, "capture")}
+    assert set(groups) == {capture_id, nulls.headers["X-Flywheel-Capture-Id"], streamed_id}
+    for task_id in (capture_id, streamed_id):
+        group = groups[task_id]
+        attempt = group.attempts[0]
+        assert group.question == "hi" and attempt.sample.text == "four"
+        assert attempt.sample.prompt_token_ids == [1, 2, 3]
+        assert attempt.sample.completion_token_ids == [7, 8]
+        assert attempt.sample.logprobs == [-0.1, -0.2]
+    assert groups[capture_id].attempts[0].sampling.temperature == 0.3
+    assert groups[capture_id].attempts[0].reward == 1.0
+    assert groups[capture_id].attempts[0].reason == "user feedback"
+    null_sampling = groups[nulls.headers["X-Flywheel-Capture-Id"]].attempts[0].sampling
+    assert (null_sampling.temperature, null_sampling.top_p) == (1.0, 1.0)
 
 
 def test_a_promotion_whose_adapter_fails_leaves_the_store_unchanged(gateway, tmp_path) -> None:
@@ -221,4 +254,148 @@ def test_a_promotion_whose_adapter_fails_leaves_the_store_unchanged(gateway, tmp
     assert client.get("/health").json()["target"] == base
     with store.transaction(engine) as session:
         assert store.promoted_policy(session).name == base
+        assert store.alias_events(session, "policy") == []
+
+
+class Upstreams:
+    """Scripted upstreams whose failures a test switches on: `refuse` (connection refused),
+    `broken` (answers 500, probes included) and `cut` (the answer breaks off half-way)."""
+
+    def __init__(self) -> None:
+        self.refuse: set[str] = set()
+        self.broken: set[str] = set()
+        self.cut = False
+        self.served: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        host, body = request.url.host, json.loads(request.content)
+        if host in self.refuse:
+            raise httpx.ConnectError("connection refused", request=request)
+        if host in self.broken:
+            return httpx.Response(500, json={"error": {"message": "engine dead"}})
+        if body["messages"][0]["content"] != probe.PROMPT:
+            self.served.append(host)
+        if self.cut and body["messages"][0]["content"] != probe.PROMPT:
+            return httpx.Response(200, stream=CutStream(), headers=_stream_type(body))
+        return httpx.Response(200, json=reply(body["model"]))
+
+
+def _stream_type(body: dict) -> dict:
+    kind = "text/event-stream" if body.get("stream") else "application/json"
+    return {"content-type": kind}
+
+
+class CutStream(httpx.AsyncByteStream):
+    async def __aiter__(self):
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "par"}}]}\n\n'
+        raise httpx.ReadError("connection reset by peer")
+
+
+@pytest.fixture
+def flaky(tiny_model_path: Path, tmp_path: Path):
+    engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
+    seed_promoted(engine, tiny_model_path.name, 0.5)
+    upstreams = Upstreams()
+    settings = GatewaySettings(
+        upstreams=["http://up-1", "http://up-2"],
+        base_model_path=tiny_model_path,
+        checkpoint_root=tmp_path / "adapters",
+        admin_keys=frozenset({"admin-key"}),
+        sync_interval_s=0.05,
+    )
+    app = create_app(settings, engine, transport=httpx.MockTransport(upstreams))
+    with TestClient(app) as client:
+        yield client, upstreams, engine
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_an_unknown_version_is_404_on_promote(flaky) -> None:
+    client, _, _ = flaky
+    response = client.post("/admin/promote", json={"version": "v-nope"}, headers=ADMIN)
+    assert response.status_code == 404
+    assert "unknown policy version 'v-nope'" in response.json()["error"]["message"]
+
+
+def test_an_upstream_that_fails_mid_answer_is_502_or_an_error_event(flaky) -> None:
+    client, upstreams, _ = flaky
+    upstreams.cut = True
+    plain = client.post("/v1/chat/completions", json=chat())
+    assert plain.status_code == 502 and "failed mid-answer" in plain.json()["error"]["message"]
+    with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[0].startswith('data: {"choices"')
+    assert '"code": 502' in events[-2] and events[-1] == "data: [DONE]"
+    inflight = client.get("/admin/state", headers=ADMIN).json()["inflight"]
+    assert set(inflight.values()) <= {0}  # both answers were counted out
+
+
+def test_an_upstream_that_fails_leaves_the_rotation_and_comes_back(flaky) -> None:
+    client, upstreams, _ = flaky
+    upstreams.refuse.add("up-1")
+    for _ in range(4):  # a refused connection is retried on the other upstream at once
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    assert upstreams.served == ["up-2"] * 4
+    state = client.get("/admin/state", headers=ADMIN).json()
+    assert state["down"] == ["http://up-1"]
+    upstreams.refuse.clear()
+    upstreams.broken.add("up-2")  # answers, but its probes fail
+    wait_until(lambda: client.get("/admin/state", headers=ADMIN).json()["down"] == ["http://up-2"])
+    upstreams.served.clear()
+    for _ in range(3):
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    assert upstreams.served == ["up-1"] * 3
+    upstreams.refuse.add("up-1")
+    response = client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 503 and "no model server" in response.json()["error"]["message"]
+    upstreams.refuse.clear()
+    upstreams.broken.clear()
+    wait_until(lambda: client.get("/admin/state", headers=ADMIN).json()["down"] == [])
+
+
+def test_a_database_error_does_not_stop_the_alias_following_the_store(
+    flaky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    client, _, engine = flaky
+    real = store.promoted_policy
+    failures = []
+
+    def flaky_read(session):
+        if len(failures) < 3:
+            failures.append(1)
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return real(session)
+
+    monkeypatch.setattr(store, "promoted_policy", flaky_read)
+    wait_until(lambda: len(failures) == 3)
+    with store.transaction(engine) as session:
+        store.save_policy_version(session, PolicyVersion(name="v-next", base_model="b"))
+        store.record_evaluation(session, "v-next", 0.9)
+        store.set_promoted(session, "v-next", True)
+    wait_until(lambda: client.get("/health").json()["target"] == "v-next")
+
+
+def test_a_rollback_whose_version_cannot_be_served_changes_nothing(flaky, tmp_path) -> None:
+    client, _, engine = flaky
+    with store.transaction(engine) as session:
+        store.save_policy_version(
+            session,
+            PolicyVersion(name="v-gone", base_model="b", adapter_path=str(tmp_path / "gone")),
+        )
+        store.record_evaluation(session, "v-gone", 0.9)
+        store.set_promoted(session, "v-gone", True)
+        store.save_policy_version(session, PolicyVersion(name="v-head", base_model="b"))
+        store.record_evaluation(session, "v-head", 0.95)
+        store.set_promoted(session, "v-head", True)
+    response = client.post("/admin/rollback", headers=ADMIN)
+    assert response.status_code == 400
+    with store.transaction(engine) as session:
+        assert store.promoted_policy(session).name == "v-head"
         assert store.alias_events(session, "policy") == []

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from safetensors.torch import load_file, save_file
 
+from bench import chaos
 from memory import store
 from memory.records import PolicyVersion
 from serving.gateway import GatewaySettings, create_app, running
@@ -50,6 +51,22 @@ def answering_versions(url: str, count: int) -> set[str]:
         }
 
 
+def canary_body(model: str) -> dict:
+    """Temperature-0 canary traffic: its text tells which weights answered, not only its label."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "2+2?"}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+    }
+
+
+def greedy_text(server: str, model: str) -> str:
+    response = httpx.post(f"{server}/v1/chat/completions", json=canary_body(model), timeout=60)
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
 class Load:
     """Steady concurrent chat traffic through the gateway: failures, and for each success the
     moment it was sent and the version that answered."""
@@ -59,16 +76,11 @@ class Load:
         self.stop = threading.Event()
         self.progress = threading.Condition()
         self.errors: list[str] = []
-        self.answers: list[tuple[float, str]] = []
+        self.answers: list[tuple[float, str, str]] = []  # (sent, version, text)
         self.threads = [threading.Thread(target=self._run) for _ in range(workers)]
 
     def _run(self) -> None:
-        body = {
-            "model": "policy",
-            "messages": [{"role": "user", "content": "2+2?"}],
-            "max_tokens": 4,
-            "temperature": 0.0,
-        }
+        body = canary_body("policy")
         with httpx.Client(base_url=self.url, headers=USER, timeout=60) as client:
             while not self.stop.is_set():
                 sent = time.monotonic()
@@ -80,8 +92,10 @@ class Load:
                 if response.status_code != 200:
                     self.errors.append(f"{response.status_code} {response.text[:100]}")
                     continue
+                answer = response.json()
+                text = answer["choices"][0]["message"]["content"]
                 with self.progress:
-                    self.answers.append((sent, response.json()["model"]))
+                    self.answers.append((sent, answer["model"], text))
                     self.progress.notify_all()
 
     def wait_for(self, count: int) -> None:
@@ -103,17 +117,8 @@ class Load:
 
 def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: Path) -> None:
     root = tmp_path / "adapters"
-    groups = [make_group([1.0, 0.0], task_id=f"t{i}") for i in range(2)]
-    good = Path(
-        train_round(
-            groups,
-            base_model=tiny_model_path,
-            parent_adapter=None,
-            checkpoint_root=root,
-            name="policy-r1-gw",
-            settings=TrainSettings(epochs=1, mode="grpo"),
-        ).adapter_path
-    )
+    # Random weights strong enough to change the tiny model's greedy answer.
+    good = chaos.random_adapter(tiny_model_path, root, "policy-r1-gw", std=1.0)
     corrupt = corrupt_copies(good, root)
     engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     base = tiny_model_path.name
@@ -163,7 +168,12 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
             assert answering_versions(url, 4) == {base}
             load.wait_for(len(load.answers) + 8)
         assert load.errors == []
-        assert {model for _, model in load.answers} == {base, "policy-r1-gw"}
+        assert {model for _, model, _ in load.answers} == {base, "policy-r1-gw"}
+        texts = {v: greedy_text(tiny_server, v) for v in (base, "policy-r1-gw")}
+        assert texts[base] != texts["policy-r1-gw"], "the adapter must change the greedy text"
+        # Every answer's text is the greedy text of the version that claims it: the switch is
+        # in the weights that answered, not only in the label.
+        assert all(text == texts[model] for _, model, text in load.answers)
         served = httpx.get(f"{tiny_server}/v1/models").json()["data"]
         assert not any(m["id"].startswith("bad-") for m in served)
 

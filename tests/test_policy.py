@@ -9,6 +9,7 @@ import pytest
 from agents.collector import CollectSettings, collect_groups
 from agents.errors import PolicyError, ServerUnavailable
 from agents.policy import PolicyClient
+from agents.watchdog import WatchdogSettings
 from memory.records import SamplingSettings
 from verifiers.reasoning import eval_tasks
 
@@ -82,7 +83,7 @@ def test_a_request_the_server_refuses_is_the_attempts_own_error() -> None:
         anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
 
 
-def test_a_refused_connection_is_unavailable_and_never_sent_twice() -> None:
+def test_a_reset_connection_is_tried_twice_more_then_unavailable() -> None:
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -91,7 +92,54 @@ def test_a_refused_connection_is_unavailable_and_never_sent_twice() -> None:
 
     with pytest.raises(ServerUnavailable, match="connection reset by peer"):
         anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
-    assert len(calls) == 1  # sent once: the work queue, not the client, retries
+    assert len(calls) == 3
+
+
+def test_a_transient_failure_then_an_answer_is_an_answer() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        return httpx.Response(200, json=completion("<answer>2</answer>", [5]))
+
+    sample = anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
+    assert sample.completion_token_ids == [5] and len(calls) == 2
+
+
+def test_a_timeout_is_never_sent_again() -> None:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with pytest.raises(ServerUnavailable, match="APITimeoutError"):
+        anyio.run(client_for(handler).sample, "m", MESSAGES, SAMPLING)
+    assert len(calls) == 1  # the server may still be working on it: no resend
+
+
+def test_a_request_past_its_deadline_ends_and_is_not_sent_again() -> None:
+    calls = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        await anyio.sleep(30)
+        return httpx.Response(200, json=completion("late", [1]))
+
+    async def main() -> None:
+        transport = httpx.MockTransport(handler)
+        client = PolicyClient(
+            "http://scripted",
+            watchdog=WatchdogSettings(floor_s=0.5, ceiling_s=0.5),
+            http_client=httpx.AsyncClient(transport=transport),
+        )
+        await client.sample("m", MESSAGES, SAMPLING)
+
+    with pytest.raises(ServerUnavailable, match="gave no answer in 0 s"):
+        anyio.run(main)
+    assert len(calls) == 1
 
 
 def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:
@@ -102,7 +150,7 @@ def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         calls["n"] += 1
         question = json.loads(request.content)["messages"][-1]["content"]
-        if question == tasks[0].question and calls["n"] % 2:
+        if question == tasks[0].question:
             return httpx.Response(503, json={"error": {"message": "busy"}})
         text = f"<answer>{answers[question]}</answer>"
         return httpx.Response(200, json=completion(text, [9, 9], finish="length"))

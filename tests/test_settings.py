@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.errors import FlowError
 from flows.settings import load_run_settings
 
 
@@ -33,6 +34,6 @@ def test_file_then_overrides(tmp_path: Path) -> None:
 def test_bad_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "run.toml"
     config.write_text(text)
-    with pytest.raises(ValueError, match=message) as raised:
+    with pytest.raises(FlowError, match=message) as raised:
         load_run_settings(config, {})
     assert "\n" not in str(raised.value)

@@ -19,11 +19,13 @@ import json
 import logging
 import shutil
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import SFTConfig, SFTTrainer
@@ -164,16 +166,24 @@ class _Progress(TrainerCallback):
 
 
 def _last_save(work: Path) -> Path | None:
-    """The newest complete trainer save. The trainer writes `trainer_state.json` last, so a save
-    killed half-way has none (or a torn one) and is passed over."""
-    saves = [p for p in work.glob("checkpoint-*") if _complete_save(p)]
+    """The newest whole trainer save. The trainer writes `trainer_state.json` last, so a save
+    killed half-way has none, or a torn one, or weights cut short: it is passed over."""
+    saves = [p for p in work.glob("checkpoint-*") if _whole_save(p)]
     return max(saves, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
-def _complete_save(path: Path) -> bool:
+def _whole_save(path: Path) -> bool:
+    """The state parses, every safetensors file holds all the data its header names, and every
+    torch archive (optimizer, scheduler) has its central directory: nothing was cut short."""
     try:
         json.loads((path / "trainer_state.json").read_text())
-    except (OSError, ValueError):
+        for weights in path.glob("*.safetensors"):
+            with safe_open(weights, framework="pt") as tensors:
+                for key in tensors.keys():  # noqa: SIM118
+                    tensors.get_slice(key)
+        for archive in path.glob("*.pt"):
+            zipfile.ZipFile(archive).close()
+    except Exception:  # noqa: BLE001 - safetensors and zipfile raise several unrelated types
         return False
     return True
 

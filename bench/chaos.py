@@ -1,0 +1,472 @@
+"""Chaos benchmark: the reliability plan's faults against real servers, one row per fault.
+
+Each collection row enqueues a batch (tasks x group size rollouts) and runs a collection worker
+on it while the fault strikes; the row counts the rollouts submitted, the attempts stored, those
+lost and those stored twice, and the seconds from the fault to the first group stored after it
+(recovery). The faults: the model server killed with SIGKILL (its supervisor restarts it), its
+engine stopped while the API still answers (the stall watch catches it), bursts of 503s and
+connection resets (through `bench/faults.py`), a worker killed while holding claims, the trainer
+killed in the middle of a save (torn state and weights), and an adapter load whose answer is lost.
+
+    .venv/bin/python bench/chaos.py [--tasks 32] [--group-size 4] [--json PATH]
+
+`tests/test_chaos.py` runs the same scenarios and asserts nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+from pydantic import BaseModel
+from sqlalchemy import Engine, func, select
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agents.collector import CollectSettings  # noqa: E402
+from agents.watchdog import WatchdogSettings  # noqa: E402
+from bench.faults import FaultProxy, Faults  # noqa: E402
+from flows import worker  # noqa: E402
+from memory import store, workqueue  # noqa: E402
+from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow  # noqa: E402
+from serving.server import ServerSettings, VllmServer  # noqa: E402
+from verifiers.reasoning import train_tasks  # noqa: E402
+
+SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
+Batch = tuple[int, str, str]
+
+
+class Row(BaseModel):
+    fault: str
+    submitted: int
+    stored: int
+    lost: int
+    duplicated: int
+    recover_s: float | None
+    note: str = ""
+
+
+class Scene:
+    """One collection batch against `url`, a worker on it in a thread, and a clock of stores."""
+
+    def __init__(self, url: str, model: str, db_url: str, tasks: int, group_size: int) -> None:
+        self.url, self.model, self.group_size = url, model, group_size
+        self.engine: Engine = store.open_store(db_url)
+        self.batch: Batch = (1, "train", model)
+        self.tasks = train_tasks("arithmetic", tasks, seed=5, held_out=[])
+        self.stored_at: list[float] = []
+        sampling = CollectSettings(group_size=group_size, max_tokens=32)
+        with store.transaction(self.engine) as session:
+            workqueue.enqueue(
+                session,
+                worker.plan_items(
+                    self.batch, self.tasks, lambda t: worker.Plan(task=t, sampling=sampling)
+                ),
+            )
+
+    def collect(self, settings: worker.WorkerSettings) -> threading.Thread:
+        """Start a worker on the batch in a thread; it ends when the batch is done."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                anyio.run(self._work, settings)
+            except BaseException as exc:  # noqa: BLE001 - reported by `finish`
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.errors = errors  # type: ignore[attr-defined]
+        thread.start()
+        return thread
+
+    async def _work(self, settings: worker.WorkerSettings) -> None:
+        await worker.work(
+            self.engine, self.url, owner=worker.new_owner(), settings=settings,
+            until=lambda: worker.batch_done(self.engine, self.batch), batch=self.batch,
+            on_stored=lambda group: self.stored_at.append(time.monotonic()),
+        )  # fmt: skip
+
+    def wait_stored(self, count: int, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.stored_at) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {count} groups stored in {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def row(self, fault: str, struck_at: float | None, note: str = "") -> Row:
+        with store.transaction(self.engine) as session:
+            per_task = dict(
+                session.execute(
+                    select(RolloutGroupRow.task_id, func.count()).group_by(RolloutGroupRow.task_id)
+                ).all()
+            )
+            attempts = session.scalar(select(func.count()).select_from(AttemptRow)) or 0
+            given_back = session.scalar(select(func.count()).where(WorkItemRow.error.is_not(None)))
+        submitted = len(self.tasks) * self.group_size
+        after = [t for t in self.stored_at if struck_at is not None and t > struck_at]
+        return Row(
+            fault=fault,
+            submitted=submitted,
+            stored=attempts,
+            lost=sum(self.group_size for t in self.tasks if t.task_id not in per_task),
+            duplicated=sum((n - 1) * self.group_size for n in per_task.values() if n > 1),
+            recover_s=round(after[0] - struck_at, 1) if after and struck_at else None,
+            note=note or f"{given_back} tasks given back and collected again",
+        )
+
+
+def finish(thread: threading.Thread, timeout_s: float = 600.0) -> None:
+    thread.join(timeout=timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"the batch did not finish in {timeout_s:.0f} s")
+    errors = thread.errors  # type: ignore[attr-defined]
+    if errors:
+        raise errors[0]
+
+
+def running_requests(url: str) -> float:
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    values = [
+        float(line.rsplit(" ", 1)[-1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    ]
+    return sum(values)
+
+
+def wait_busy(url: str, at_least: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while running_requests(url) < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server never ran {at_least} requests at once")
+        time.sleep(0.1)
+
+
+def engine_pids(server_pid: int) -> list[int]:
+    """The server's engine processes (`VLLM::EngineCore` and its workers), not its API."""
+    found, frontier = [], [server_pid]
+    while frontier:
+        parent = frontier.pop()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)
+                comm = stat.read_text().split("(", 1)[1].rsplit(")", 1)[0]
+                ppid = int(fields[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == parent:
+                pid = int(stat.parent.name)
+                frontier.append(pid)
+                if comm.startswith("VLLM::"):
+                    found.append(pid)
+    return found
+
+
+def worker_settings(**overrides: object) -> worker.WorkerSettings:
+    base: dict[str, object] = {
+        "concurrency": 64, "lot_size": 16, "lease_s": 30.0, "retry_s": 1.0, "outage_s": 240.0,
+        "watchdog": WatchdogSettings(poll_s=2.0, stall_s=15.0, floor_s=30.0),
+    }  # fmt: skip
+    return worker.WorkerSettings.model_validate(base | overrides)
+
+
+@contextmanager
+def supervised_server(model_path: Path, log_path: Path, port: int) -> Iterator[VllmServer]:
+    settings = ServerSettings(
+        python=SERVER_PYTHON,
+        model_path=model_path,
+        served_name=model_path.name,
+        port=port,
+        probe_timeout_s=10.0,
+        log_path=log_path,
+    )
+    with VllmServer(settings) as server, server.supervised(interval_s=2.0):
+        yield server
+
+
+def server_killed(server: VllmServer, db_url: str, tasks: int, group_size: int) -> Row:
+    """SIGKILL the server's API process with the batch's rollouts in flight."""
+    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size)
+    thread = scene.collect(worker_settings())
+    wait_busy(server.url, at_least=min(32, tasks * group_size))
+    assert server.pid is not None
+    struck = time.monotonic()
+    os.kill(server.pid, signal.SIGKILL)
+    finish(thread)
+    return scene.row("server killed (SIGKILL)", struck)
+
+
+def server_stalled(server: VllmServer, db_url: str, tasks: int, group_size: int) -> Row:
+    """Stop the engine processes only: `/health` answers, no token comes."""
+    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size)
+    thread = scene.collect(worker_settings())
+    wait_busy(server.url, at_least=min(32, tasks * group_size))
+    assert server.pid is not None
+    struck = time.monotonic()
+    for pid in engine_pids(server.pid):
+        os.kill(pid, signal.SIGSTOP)
+    detected = _first_error(scene.engine, "stalled", timeout_s=300.0)
+    finish(thread)
+    note = f"stall seen after {detected - struck:.1f} s" if detected else "stall never seen"
+    return scene.row("engine stalled (SIGSTOP)", struck, note)
+
+
+def _first_error(engine: Engine, text: str, timeout_s: float) -> float | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with store.transaction(engine) as session:
+            hit = session.scalar(select(func.count()).where(WorkItemRow.error.contains(text)))
+        if hit:
+            return time.monotonic()
+        time.sleep(0.2)
+    return None
+
+
+def error_bursts(url: str, model: str, db_url: str, tasks: int, group_size: int) -> Row:
+    """Every inference request gets a 503 for 2 s in each 3 s, three times over, while the
+    batch runs; recovery is counted from the end of the last burst."""
+    proxy = FaultProxy(url, Faults())
+    with proxy.running() as proxied:
+        scene = Scene(proxied, model, db_url, tasks, group_size)
+        thread = scene.collect(worker_settings(lot_size=4))
+        struck = None
+        for _ in range(3):
+            time.sleep(1.0)
+            if not thread.is_alive():
+                break
+            proxy.faults.error = 1.0
+            time.sleep(2.0)
+            proxy.faults.error = 0.0
+            struck = time.monotonic()
+        finish(thread)
+    return scene.row("5xx bursts", struck, f"{proxy.counts['error']} requests answered 503")
+
+
+def resets(url: str, model: str, db_url: str, tasks: int, group_size: int) -> Row:
+    """One request in ten is reset before any answer."""
+    proxy = FaultProxy(url, Faults(reset=0.1, seed=3))
+    with proxy.running() as proxied:
+        scene = Scene(proxied, model, db_url, tasks, group_size)
+        finish(scene.collect(worker_settings()))
+    return scene.row("connection resets", None, f"{proxy.counts['reset']} connections reset")
+
+
+def worker_killed(url: str, model: str, db_url: str, tasks: int, group_size: int) -> Row:
+    """A `flywheel worker` process SIGKILLed while it holds claims; another finishes."""
+    scene = Scene(url, model, db_url, tasks, group_size)
+    logs = Path(tempfile.mkdtemp(prefix="chaos-worker-"))
+
+    def start(name: str, *extra: str) -> subprocess.Popen[bytes]:
+        command = [
+            sys.executable, "-m", "flows.cli", "worker", "--db", db_url, "--server-url", url,
+            "--lease", "5", "--lot-size", "4", "--workdir", str(logs), *extra,
+        ]  # fmt: skip
+        out = (logs / f"{name}.log").open("w")
+        return subprocess.Popen(command, stdout=out, stderr=out, start_new_session=True)
+
+    doomed = start("doomed")
+    deadline = time.monotonic() + 180
+    while True:
+        with store.transaction(scene.engine) as session:
+            progress = workqueue.progress(session, *scene.batch)
+            holders = workqueue.claim_holders(session)
+        if progress["done"] >= 1 and holders:
+            break
+        if doomed.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the first worker never held claims; see {logs}/doomed.log")
+        time.sleep(0.05)
+    struck = time.monotonic()
+    os.killpg(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    before = _stored(scene.engine)
+    helper = start("helper", "--idle-exit", "3")
+    recovered = None
+    while helper.poll() is None:
+        if recovered is None and _stored(scene.engine) > before:
+            recovered = time.monotonic()
+        time.sleep(0.1)
+    if helper.returncode != 0:
+        raise RuntimeError(f"the second worker failed; see {logs}/helper.log")
+    row = scene.row("worker killed (SIGKILL)", None, "its claims were taken over")
+    return row.model_copy(update={"recover_s": round(recovered - struck, 1) if recovered else None})
+
+
+def _stored(engine: Engine) -> int:
+    with store.transaction(engine) as session:
+        return session.scalar(select(func.count()).select_from(RolloutGroupRow)) or 0
+
+
+def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
+    """A round stopped after its save at step 2, with two later saves cut short as a kill while
+    saving leaves them: truncated weights (step 4) and a torn `trainer_state.json` (step 6). The
+    resumed round passes over both, resumes from the whole save, publishes a complete adapter."""
+    from tests.conftest import make_group
+    from trainer import checkpoint
+    from trainer.round import PolicyGradientTrainer, RoundResult, train_round
+    from trainer.settings import TrainSettings
+
+    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=1e-3, save_steps=2, mode="grpo")
+    groups = [make_group([1.0, 0.0, 0.0, 1.0], task_id=f"t{i}") for i in range(3)]
+    original = PolicyGradientTrainer.training_step
+    steps: list[int] = []
+
+    def stop_after_three(self: PolicyGradientTrainer, *args: object, **kwargs: object) -> object:
+        if len(steps) == 3:
+            raise KeyboardInterrupt("killed")
+        steps.append(self.state.global_step)
+        return original(self, *args, **kwargs)
+
+    def run_round() -> RoundResult:
+        return train_round(
+            groups, base_model=model_path, parent_adapter=None, checkpoint_root=workdir,
+            name="policy-r1", settings=settings,
+        )  # fmt: skip
+
+    PolicyGradientTrainer.training_step = stop_after_three  # type: ignore[method-assign]
+    try:
+        run_round()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        PolicyGradientTrainer.training_step = original  # type: ignore[method-assign]
+    saves = workdir / ".rounds" / "policy-r1"
+    for step, tear in ((4, "weights"), (6, "state")):  # two saves cut short, two ways
+        torn = saves / f"checkpoint-{step}"
+        shutil.copytree(saves / "checkpoint-2", torn)
+        state_file = torn / "trainer_state.json"
+        state = state_file.read_text().replace('"global_step": 2', f'"global_step": {step}')
+        state_file.write_text(state[: len(state) // 2] if tear == "state" else state)
+        for weights in torn.glob("*.safetensors") if tear == "weights" else ():
+            weights.write_bytes(weights.read_bytes()[:64])
+    struck = time.monotonic()
+    result = run_round()
+    recovered = time.monotonic()
+    whole = checkpoint.is_complete(Path(result.adapter_path))
+    planned = -(-result.rows // settings.batch_size) * settings.epochs
+    return Row(
+        fault="trainer killed while saving",
+        submitted=planned,
+        stored=planned if whole else 0,
+        lost=0 if whole else planned,
+        duplicated=0 if 0 <= result.resumed_from_step < 4 else 1,
+        recover_s=round(recovered - struck, 1),
+        note=f"resumed from step {result.resumed_from_step}, passing over the torn saves 4 and 6",
+    )
+
+
+def lost_load_answer(url: str, model_path: Path, adapter: Path) -> Row:
+    """The adapter-load request reaches the server, its answer is lost: `/v1/models` decides."""
+    from serving.adapters import ensure_loaded, loaded_models
+
+    name = f"chaos-{int(time.time())}"
+    proxy = FaultProxy(url, Faults(drop_answer=1.0, routes=("/v1/load_lora_adapter",)))
+    with proxy.running() as proxied:
+        struck = time.monotonic()
+        ensure_loaded(proxied, name, adapter)
+        recovered = time.monotonic()
+    served = loaded_models(url).count(name)
+    return Row(
+        fault="adapter-load answer lost",
+        submitted=1,
+        stored=served,
+        lost=1 - served,
+        duplicated=max(0, served - 1),
+        recover_s=round(recovered - struck, 2),
+        note=f"{proxy.counts['drop_answer']} answer dropped; registration read from /v1/models",
+    )
+
+
+def random_adapter(model_path: Path, root: Path, name: str = "random", std: float = 0.02) -> Path:
+    """A small LoRA on the model with random weights (`std` sets how far it moves the model),
+    published as a complete checkpoint `root/name`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trainer import checkpoint
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_path)
+    peft = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    for name, parameter in peft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=std)
+    staging = checkpoint.staging_dir(root, name)
+    peft.save_pretrained(staging)
+    return checkpoint.publish(staging, root, name)
+
+
+def run_all(args: argparse.Namespace) -> list[Row]:
+    from serving.model import prepare_smollm2, prepare_tiny_llama
+
+    models = ROOT / ".flywheel" / "models"
+    model_path = prepare_tiny_llama(models, prepare_smollm2(models))
+    work = Path(tempfile.mkdtemp(prefix="chaos-"))
+    rows: list[Row] = []
+
+    def db(name: str) -> str:
+        return f"sqlite:///{work / name}.db"
+
+    def record(row: Row) -> None:
+        rows.append(row)
+        print(f"  {row.fault}: lost {row.lost}, duplicated {row.duplicated}", file=sys.stderr)
+
+    with supervised_server(model_path, work / "vllm.log", args.port) as server:
+        n, g = args.tasks, args.group_size
+        record(error_bursts(server.url, model_path.name, db("bursts"), n, g))
+        record(resets(server.url, model_path.name, db("resets"), n, g))
+        record(worker_killed(server.url, model_path.name, db("worker"), n, g))
+        adapter = random_adapter(model_path, work / "adapters")
+        record(lost_load_answer(server.url, model_path, adapter))
+        record(server_killed(server, db("killed"), n, g))
+        record(server_stalled(server, db("stalled"), n, g))
+    record(trainer_killed_while_saving(model_path, work / "trainer"))
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"{'fault':<30} {'submitted':>9} {'stored':>7} {'lost':>5} {'dup':>4} {'recover s':>9}")
+    for r in rows:
+        recover = "-" if r.recover_s is None else f"{r.recover_s:.1f}"
+        print(
+            f"{r.fault:<30} {r.submitted:>9} {r.stored:>7} {r.lost:>5} {r.duplicated:>4} "
+            f"{recover:>9}  {r.note}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=32)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--port", type=int, default=8051)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    rows = run_all(args)
+    print_table(rows)
+    if args.json:
+        payload = {
+            "settings": {k: str(v) for k, v in vars(args).items()},
+            "rows": [r.model_dump() for r in rows],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
     collector.add_argument(
         "--idle-exit", type=float, default=None, help="stop after this many seconds with no work"
     )
+    collector.add_argument(
+        "--outage",
+        type=float,
+        default=300.0,
+        help="seconds the model server may stay down before the worker stops (300)",
+    )
     collector.set_defaults(handler=_worker)
 
     gateway = commands.add_parser(
@@ -390,7 +396,10 @@ def _worker(args: argparse.Namespace) -> int:
 
     engine = open_store(_db_url(args))
     settings = worker.WorkerSettings(
-        lease_s=args.lease, lot_size=args.lot_size, concurrency=args.concurrency
+        lease_s=args.lease,
+        lot_size=args.lot_size,
+        concurrency=args.concurrency,
+        outage_s=args.outage,
     )
     reviewer = None
     if args.reviewer_url and args.reviewer_model:
@@ -766,7 +775,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight(db_url: str, server_url: str, model: str, wait_s: float = 30.0) -> None:
+def _preflight(db_url: str, server_url: str, model: str, wait_s: float = 10.0) -> None:
     """A server named on the command line must generate now: a wrong URL fails at once."""
     import anyio
 

@@ -411,3 +411,16 @@ def test_a_round_of_episodes_through_the_cli(
         for retry in (a for a in group.attempts if a.kind == "retry"):
             assert retry.sample is not None and retry.bare_prompt_token_ids is not None
     assert summary["baseline_pass_at_1"] is not None
+
+
+def test_a_server_with_the_wrong_model_ends_the_run_with_one_line(
+    tiny_server: str, smollm2_path: Path, tmp_path: Path, capsys
+) -> None:
+    db = f"sqlite:///{tmp_path / 'wrong.db'}"
+    args = ["run", "--db", db, "--workdir", str(tmp_path), "--model", str(smollm2_path),
+            "--server-url", tiny_server, "--prefect", "temporary"]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert f"{tiny_server} does not generate with {smollm2_path.name}: 404" in err
+    with store.transaction(store.open_store(db)) as session:
+        assert store.attempt_counts(session) == {}

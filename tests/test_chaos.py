@@ -109,3 +109,34 @@ def test_a_soak_of_256_agents_through_faults_stores_what_was_submitted(
     assert len(os.listdir("/proc/self/fd")) <= fds + 2
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
     assert grown_mb < 300, f"peak memory grew by {grown_mb:.0f} MB"
+
+
+@pytest.mark.vllm
+def test_a_request_past_its_deadline_is_aborted_on_the_server(
+    tiny_server: str, tiny_model_path: Path
+) -> None:
+    """The client gives up and closes the connection; vLLM aborts the request, so it does not
+    keep generating for nobody (what made timed-out resends pile up before)."""
+    import time
+
+    import anyio
+
+    from agents.errors import ServerUnavailable
+    from agents.policy import PolicyClient
+    from memory.records import SamplingSettings
+
+    async def ask() -> None:
+        client = PolicyClient(tiny_server, watchdog=chaos.WatchdogSettings(floor_s=1, ceiling_s=1))
+        try:
+            messages = [{"role": "user", "content": "Count to a thousand."}]
+            sampling = SamplingSettings(temperature=1.0, max_tokens=1800)
+            await client.sample(tiny_model_path.name, messages, sampling)
+        finally:
+            await client.aclose()
+
+    with pytest.raises(ServerUnavailable, match="gave no answer in 1 s"):
+        anyio.run(ask)
+    deadline = time.monotonic() + 2.5  # unaborted, it would run about 5 s more (1800 tokens)
+    while chaos.running_requests(tiny_server) > 0:
+        assert time.monotonic() < deadline, "the abandoned request kept running on the server"
+        time.sleep(0.1)

@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from sqlalchemy import Engine, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from memory.database import insert_for, transaction
 from memory.models import WorkItemRow
 from memory.records import GroupPurpose, WorkItem, WorkState
-from memory.store import insert_for, transaction
 
 
 @contextmanager

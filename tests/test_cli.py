@@ -149,10 +149,10 @@ def test_a_locked_database_is_one_line_and_changes_nothing(
 ) -> None:
     import sqlite3
 
-    from memory import store
+    from memory import database
 
     db = seeded(tmp_path)
-    monkeypatch.setattr(store, "SQLITE_BUSY_MS", 200)
+    monkeypatch.setattr(database, "SQLITE_BUSY_MS", 200)
     holder = sqlite3.connect(tmp_path / "cli.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:

@@ -11,7 +11,7 @@ from alembic.config import Config
 from pydantic import ValidationError
 from sqlalchemy import create_engine, select, text
 
-from memory import store, trajectory
+from memory import database, ingest, store, trajectory
 from memory.models import ReflectionRow, VerdictRow
 from memory.records import Attempt, Group, Sample, SamplingSettings
 from memory.store import open_store, transaction
@@ -208,7 +208,7 @@ def test_spans_that_do_not_fit_the_completion_are_refused(spans: list, pivot: in
 def test_a_store_from_before_segments_is_converted(db_url: str) -> None:
     url = db_url
     config = Config()
-    config.set_main_option("script_location", str(store.MIGRATIONS))
+    config.set_main_option("script_location", str(database.MIGRATIONS))
     engine = create_engine(url)
     with engine.begin() as connection:
         config.attributes["connection"] = connection
@@ -278,7 +278,7 @@ def test_a_batch_that_fails_midway_writes_nothing(db_url: str, monkeypatch) -> N
     def broken(*_args: object) -> None:
         raise RuntimeError("disk gone")
 
-    monkeypatch.setattr(store, "_bulk_insert", broken)
+    monkeypatch.setattr(ingest, "_bulk_insert", broken)
     with pytest.raises(RuntimeError), transaction(engine) as session:
         store.save_groups(session, [make_group([1.0], task_id="a"), make_group([0.0], task_id="b")])
     monkeypatch.undo()

@@ -25,8 +25,10 @@ MAX_REWARD = 1.0
 class OutcomeSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bonus: float = Field(0.0, ge=0.0, description="c_hist: rarely seen answers")
-    repeat_penalty: float = Field(0.0, ge=0.0, description="c_batch: answers repeated in a group")
+    bonus: float = Field(0.0, ge=0.0, description="bonus for rarely seen answers (c_hist)")
+    repeat_penalty: float = Field(
+        0.0, ge=0.0, description="penalty for answers repeated in a group (c_batch)"
+    )
 
     @property
     def enabled(self) -> bool:

@@ -24,14 +24,14 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rounds: int = Field(3, ge=1)
-    tasks: int = Field(64, ge=1, description="train tasks per round")
-    group_size: int = Field(4, ge=2)
+    rounds: int = Field(3, ge=1, description="flywheel rounds")
+    tasks: int = Field(64, ge=1, description="train tasks per round, drawn fresh each round")
+    group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")
-    taskset: str = "arithmetic"
+    taskset: str = Field("arithmetic", description="task set: a name or gym:NAME")
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR
-    temperature: float = Field(0.7, ge=0.0)
+    temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")
     max_tokens: int = Field(128, ge=1)
     guided_fraction: float = Field(
         0.5, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
@@ -41,9 +41,9 @@ class RunSettings(BaseModel):
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
     reviewer_url: str | None = Field(
-        None, description="endpoint for reflections and judgements (default: the policy)"
+        None, description="an endpoint for reflections and judgements; none: the policy itself"
     )
-    reviewer_model: str | None = None
+    reviewer_model: str | None = Field(None, description="the reviewer endpoint's model name")
     outcome: OutcomeSettings = OutcomeSettings()
     library: bool = Field(
         False,

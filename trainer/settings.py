@@ -14,7 +14,7 @@ class TrainSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: AdvantageMode = "rltldr"
+    mode: AdvantageMode = Field("rltldr", description="advantage mode of each training round")
     amplification: float = Field(3.0, ge=0.0, description="R3L's alpha")
     positive_ratio: float = Field(0.75, gt=0.0, lt=1.0, description="RLTLDR's row filter")
     insight_weight: float = Field(0.5, ge=0.0, description="RLTLDR's lambda on insight SFT")
@@ -22,10 +22,10 @@ class TrainSettings(BaseModel):
     distill_negatives: bool = Field(
         False, description="also train failed guided samples under the bare prompt"
     )
-    learning_rate: float = 1e-3
+    learning_rate: float = Field(1e-3, gt=0.0, description="LoRA learning rate")
     lora_rank: int = 16
     lora_alpha: int = 32
-    epochs: int = 1
+    epochs: int = Field(1, ge=1, description="passes over a round's rows")
     batch_size: int = 8
     max_length: int = 512
     is_cap: float = 2.0

@@ -1,0 +1,74 @@
+"""`flywheel export`: the training rows of complete groups, or their token segments, as JSON
+lines for any trainer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flows.arguments import db_url, writable
+
+if TYPE_CHECKING:
+    from memory.records import Group, Segment
+
+
+def export(args: argparse.Namespace) -> int:
+    """The rows a training round would use, for any trainer: one JSON object per line with
+    `input_ids`, `labels` (-100 where nothing is trained), per-token `advantages`, the
+    `behaviour_logprobs` of the sampled tokens, `importance` (whether to weight by the ratio
+    against them) and the `context` the row is trained under."""
+    from memory import store
+    from trainer.dataset import build_rows
+    from trainer.settings import TrainSettings
+
+    writable(args.out, "--out")
+    settings = TrainSettings(**({"mode": args.mode} if args.mode else {}))
+    with store.transaction(store.open_store(db_url(args))) as session:
+        groups = store.load_groups(session, "train", args.round, complete_only=True)
+        if args.segments:
+            return _export_segments(groups, store.group_segments(session, _ids(groups)), args.out)
+    rows = build_rows(groups, settings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as out:
+        for row in rows:
+            out.write(json.dumps(row.model_dump()) + "\n")
+    tokens = sum(row.trained_tokens for row in rows)
+    print(f"{len(rows)} rows ({tokens} trained tokens, {settings.mode}) from {len(groups)} "
+          f"complete groups written to {args.out}")  # fmt: skip
+    return 0
+
+
+def _export_segments(
+    groups: list[Group], segments: dict[tuple[int, int, str], list[Segment]], out: Path
+) -> int:
+    """One JSON object per attempt: its group, reward and prompt ids, and its completion as
+    segments; a segment's weight is 0 where nothing is trained (pivot and forced tokens)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with out.open("w") as stream:
+        for group in groups:
+            for attempt in group.attempts:
+                if attempt.sample is None:
+                    continue
+                pieces = segments.get((group.id or 0, attempt.sample_index, attempt.kind), [])
+                record = {
+                    "group_id": group.id,
+                    "task_id": group.task_id,
+                    "sample_index": attempt.sample_index,
+                    "kind": attempt.kind,
+                    "context": attempt.context,
+                    "reward": attempt.reward,
+                    "train_reward": attempt.train_reward,
+                    "prompt_token_ids": attempt.sample.prompt_token_ids,
+                    "segments": [p.model_dump(exclude={"schema_version"}) for p in pieces],
+                }
+                stream.write(json.dumps(record) + "\n")
+                written += 1
+    print(f"{written} attempts from {len(groups)} complete groups written to {out}")
+    return 0
+
+
+def _ids(groups: list[Group]) -> list[int]:
+    return [group.id for group in groups if group.id is not None]

@@ -1,0 +1,143 @@
+"""Inspection commands: what the store says (status, lineage, library, strategies, report)."""
+
+from __future__ import annotations
+
+import argparse
+
+from flows.arguments import db_url, score, writable
+
+
+def status(args: argparse.Namespace) -> int:
+    from memory import library, store, workqueue
+
+    with store.transaction(store.open_store(db_url(args))) as session:
+        serving = store.promoted_policy(session)
+        versions = store.policy_versions(session)
+        rounds = store.training_rounds(session)
+        counts = store.attempt_counts(session)
+        depth = workqueue.queue_depth(session)
+        holders = workqueue.claim_holders(session)
+        lessons = library.size(session)
+    if serving is None:
+        print("no policy version yet: run `flywheel run`")
+        return 0
+    print(f"serving: {serving.name} (held-out pass@1 {score(serving.eval_pass_at_1)})")
+    print(f"attempts stored: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}")
+    print(f"queue: {depth} tasks waiting or claimed, by {len(holders)} workers")
+    print(f"experience library: {lessons} active lessons")
+    print("versions:")
+    for v in versions:
+        mark = "*" if v.name == serving.name else " "
+        print(
+            f" {mark} {v.name:<28} round {v.round_index:<3} pass@1 {score(v.eval_pass_at_1)}"
+            f"  {'promoted' if v.promoted else ''}"
+        )
+    print("recent rounds:")
+    for r in rounds:
+        tokens = r.metrics.get("train_tokens", "-")
+        print(
+            f"   {r.round_index:<3} {r.status:<8} {r.method:<7} {r.policy_in} -> "
+            f"{r.policy_out or '-'}  train tokens {tokens}"
+        )
+    return 0
+
+
+def lineage(args: argparse.Namespace) -> int:
+    from memory import library, store
+
+    with store.transaction(store.open_store(db_url(args))) as session:
+        chain = store.lineage(session, args.version)
+        versions = {v.name: v for v in store.policy_versions(session)}
+        shown = {r.round_index: library.used_in(session, r.group_ids) for r in chain}
+        tasks = {r.round_index: store.group_tasks(session, r.group_ids) for r in chain}
+    if not chain:
+        print(f"{args.version}: not produced by a training round (a base model)")
+        return 0
+    for r in chain:
+        contexts = ", ".join(f"{k} {v}" for k, v in sorted(r.metrics.get("contexts", {}).items()))
+        version = versions.get(r.policy_out or "")
+        print(
+            f"{r.policy_out}  <- round {r.round_index} ({r.method}, {r.status}) on "
+            f"{len(r.group_ids)} groups sampled from {r.policy_in}; "
+            f"held-out pass@1 {score(version.eval_pass_at_1 if version else None)}; "
+            f"rows by context: {contexts or '-'}"
+        )
+        if shown[r.round_index]:
+            lessons = ", ".join(f"#{i} x{n}" for i, n in sorted(shown[r.round_index].items()))
+            print(f"    library lessons shown to its groups: {lessons}")
+        if args.groups:
+            listed = ", ".join(f"{gid}: {task}" for gid, task in tasks[r.round_index].items())
+            print(f"    groups: {listed or '-'}")
+    print(f"{chain[-1].policy_in}  (base)")
+    return 0
+
+
+def library(args: argparse.Namespace) -> int:
+    from memory import library, store
+
+    with store.transaction(store.open_store(db_url(args))) as session:
+        if args.entry is None:
+            entries = sorted(library.entries(session), key=lambda e: -e.utility)[: args.top]
+            total = library.size(session)
+        else:
+            chosen = library.entry(session, args.entry)
+            history = library.events(session, args.entry)
+            uses = library.uses(session, args.entry)
+            tasks = store.group_tasks(session, [group_id for group_id, _ in uses])
+    if args.entry is None:
+        print(f"{total} active lessons; the top {len(entries)} by utility:")
+        for e in entries:
+            print(
+                f"  #{e.id:<5} {e.utility:+.3f}  shown {e.exposures:<4} evidence {e.evidence:<3} "
+                f"{e.kind:<9} {e.scope}:{e.scope_key or '-'} {e.zone}  {e.text[:70]}"
+            )
+        return 0
+    print(f"#{chosen.id} {chosen.kind} ({chosen.scope}:{chosen.scope_key or '-'}, {chosen.zone}, "
+          f"{chosen.status}): {chosen.text}")  # fmt: skip
+    print(f"utility {chosen.utility:+.3f}, shown to {chosen.exposures} groups, "
+          f"evidence {chosen.evidence}; from {chosen.source or '-'}")  # fmt: skip
+    gains = [g for _, g in uses if g is not None]
+    if gains:
+        print(f"gain where used: mean {sum(gains) / len(gains):+.3f} over {len(gains)} groups")
+    for group_id, gain in uses[-10:]:  # the latest ten
+        shown = "not credited yet" if gain is None else f"gain {gain:+.3f}"
+        print(f"  used in group {group_id} ({tasks.get(group_id, '?')}): {shown}")
+    for event in history:
+        changed = {
+            k: round(v, 4) if isinstance(v, float) else v
+            for k, v in event.after.items()
+            if event.before.get(k) != v
+        }
+        print(f"  {event.action:<7} {', '.join(f'{k}={v}' for k, v in changed.items())[:100]}")
+    return 0
+
+
+def strategies(args: argparse.Namespace) -> int:
+    from memory import store
+
+    with store.transaction(store.open_store(db_url(args))) as session:
+        stats = store.strategy_stats(session, args.taskset)[: args.top]
+    if not stats:
+        print("no strategies recorded (collect with --sge 1)")
+        return 0
+    print(f"{'attempts':>8} {'success':>8} {'reward':>7}  task set     strategy")
+    for s in stats:
+        print(
+            f"{s.attempts:>8} {s.success_rate:>8.3f} {s.mean_reward:>7.3f}  "
+            f"{s.taskset:<12} {s.text[:80]}"
+        )
+    return 0
+
+
+def report_html(args: argparse.Namespace) -> int:
+    from flows import report
+    from memory import store
+
+    out = args.out or args.workdir / "report.html"
+    writable(out, "--out")
+    with store.transaction(store.open_store(db_url(args))) as session:
+        data = report.build(session)
+    report.write_html(data, out)
+    print(report.format_table(data))
+    print(f"report written to {out}")
+    return 0

@@ -1,0 +1,186 @@
+"""The commands that run the flywheel: `run` (rounds with a supervised model server), `serve`
+(the continuous loop) and `worker` (a collection worker)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flows import flags
+from flows.arguments import db_url, keys, model_folder, writable
+from flows.errors import FlowError
+
+
+def run(args: argparse.Namespace) -> int:
+    writable(args.summary_json, "--summary-json")
+    settings = run_settings(args)
+    if args.prefect == "local":
+        _use_local_prefect(args.workdir, args.prefect_port)
+    model_path = model_folder(args.model, args.workdir)
+    served_name = model_path.name
+    started = time.monotonic()
+    if args.server_url:
+        preflight(settings.db_url, args.server_url, served_name)
+        summary = _run_flow(settings, args.server_url, served_name, model_path)
+    else:
+        from agents.errors import ServerUnavailable
+        from serving.errors import ServingError
+        from serving.server import ServerSettings, VllmServer
+
+        server_settings = ServerSettings(
+            python=args.server_python,
+            model_path=model_path,
+            served_name=served_name,
+            port=args.port,
+            log_path=args.workdir / "logs" / "vllm.log",
+        )
+        with VllmServer(server_settings) as server, server.supervised():
+            server_seconds = time.monotonic() - started
+            try:
+                summary = _run_flow(settings, server.url, served_name, model_path)
+            except ServerUnavailable as exc:
+                log = server_settings.log_path
+                raise ServingError(f"{exc}; {log} ends: {server.log_tail()}") from exc
+        summary.wall_seconds["server_start"] = server_seconds
+    summary.wall_seconds["total"] = time.monotonic() - started
+    _report(summary, args.summary_json)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    import subprocess
+
+    if args.gateway_port is not None and not keys("FLYWHEEL_ADMIN_KEYS"):
+        raise FlowError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway")
+    args.workdir = args.workdir.resolve()
+    if args.db is None:
+        args.db = f"sqlite:///{args.workdir}/flywheel.db"
+    settings = run_settings(args)
+    model_path = model_folder(args.model, args.workdir).resolve()
+    preflight(settings.db_url, args.server_url, model_path.name)
+    _use_local_prefect(args.workdir, args.prefect_port)
+    gateway = None
+    if args.gateway_port is not None:
+        command = [
+            sys.executable, "-m", "flows.cli", "gateway", "--upstream", args.server_url,
+            "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
+            "--port", str(args.gateway_port),
+        ]  # fmt: skip
+        gateway = subprocess.Popen(command)
+    from flows.flywheel import serve_rounds
+
+    try:
+        serve_rounds(
+            settings, args.server_url, model_path.name, str(model_path),
+            args.every, args.train_every, args.min_groups or settings.tasks,
+        )  # fmt: skip
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    import anyio
+
+    from agents.policy import PolicyClient, Reviewer
+    from flows import worker
+    from memory.store import open_store
+
+    engine = open_store(db_url(args))
+    settings = worker.WorkerSettings(
+        lease_s=args.lease,
+        lot_size=args.lot_size,
+        concurrency=args.concurrency,
+        outage_s=args.outage,
+    )
+    reviewer = None
+    if args.reviewer_url and args.reviewer_model:
+        reviewer = Reviewer(PolicyClient(args.reviewer_url), args.reviewer_model)
+    owner = worker.new_owner()
+    idle = _IdleClock(engine, args.idle_exit)
+    print(f"worker {owner}: collecting from {args.server_url}; Ctrl-C stops it", file=sys.stderr)
+    stored = anyio.run(
+        lambda: worker.work(
+            engine, args.server_url, owner=owner, settings=settings, until=idle.expired,
+            reviewer=reviewer,
+        )
+    )  # fmt: skip
+    print(f"worker {owner}: stored {stored} groups", file=sys.stderr)
+    return 0
+
+
+class _IdleClock:
+    """True once the queue has been empty for `limit` seconds (never, without a limit)."""
+
+    def __init__(self, engine: Any, limit: float | None) -> None:
+        self.engine, self.limit, self.since = engine, limit, None
+
+    def expired(self) -> bool:
+        from memory import store, workqueue
+
+        if self.limit is None:
+            return False
+        with store.transaction(self.engine) as session:
+            empty = workqueue.queue_depth(session) == 0
+        if not empty:
+            self.since = None
+            return False
+        self.since = self.since or time.monotonic()
+        return time.monotonic() - self.since >= self.limit
+
+
+def preflight(db_url: str, server_url: str, model: str, wait_s: float = 10.0) -> None:
+    """A server named on the command line must generate now: a wrong URL fails at once."""
+    import anyio
+
+    from flows.readiness import Readiness
+    from memory.store import open_store
+
+    readiness = Readiness(open_store(db_url), server_url, outage_s=wait_s)
+    anyio.run(readiness.ensure, model)
+
+
+def _run_flow(settings: Any, server_url: str, served_name: str, model_path: Path) -> Any:
+    import anyio
+
+    from flows.flywheel import flywheel_run
+
+    return anyio.run(flywheel_run, settings, server_url, served_name, str(model_path))
+
+
+def _report(summary: Any, path: Path | None) -> None:
+    from flows.summary import format_table
+
+    print(format_table(summary))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary.model_dump(mode="json"), indent=2) + "\n")
+        print(f"summary written to {path}")
+
+
+def _use_local_prefect(workdir: Path, port: int) -> None:
+    """Point this process at `PREFECT_API_URL`, else at the local server (started once)."""
+    from flows import orchestrator
+
+    url = orchestrator.api_url(workdir.resolve() / "prefect", port)
+    os.environ["PREFECT_API_URL"] = url
+    print(f"Prefect API {url} (UI: {url.removesuffix('/api')})", file=sys.stderr)
+
+
+def run_settings(args: argparse.Namespace, **fixed: Any) -> Any:
+    """Run settings from defaults, --config and flags; checked, with the store opened once."""
+    from memory.store import open_store
+    from verifiers.catalog import check
+
+    fixed = {"db_url": db_url(args), "workdir": args.workdir, **fixed}
+    settings = flags.run_settings(args, fixed)
+    check(settings.taskset)
+    open_store(settings.db_url).dispose()
+    return settings

@@ -31,7 +31,7 @@ from agents.collector import CollectSettings, collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
-from memory.records import Group  # noqa: E402
+from memory.records import FIRST_KINDS, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
@@ -127,7 +127,7 @@ def solved_within(groups: list[Group], budget: int) -> bool:
     spent = 0
     for group in groups:
         ordered = sorted(group.first_attempts, key=lambda a: a.sample_index)
-        ordered += [a for a in group.attempts if a.kind not in ("base", "guided")]
+        ordered += [a for a in group.attempts if a.kind not in FIRST_KINDS]
         for attempt in ordered:
             spent += attempt.generated_tokens
             if spent > budget:

@@ -97,7 +97,7 @@ def through_flow(
 ) -> tuple[int, float, float]:
     from prefect import flow
 
-    from flows.flywheel import collect
+    from flows.stages import collect
 
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as scratch:
         settings = RunSettings(

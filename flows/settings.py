@@ -55,6 +55,9 @@ class RunSettings(BaseModel):
     outage_s: float = Field(
         300.0, gt=0, description="how long the model server may stay down before a run stops"
     )
+    stage_timeout_s: float = Field(
+        7200.0, gt=0, description="a stage (collect, train, swap, ...) running longer fails"
+    )
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()
 

@@ -35,6 +35,7 @@ from memory.models import (
     VerdictRow,
 )
 from memory.records import (
+    ROLLOUT_KINDS,
     Attempt,
     Group,
 )
@@ -174,7 +175,7 @@ def _attempt_parts(
         parts[StepRow].append({"attempt_id": attempt_id, **step_columns(step)})
     if attempt.sample is None or attempt.error is not None:
         return
-    if attempt.kind in ("base", "guided", "retry"):
+    if attempt.kind in ROLLOUT_KINDS:
         parts[VerdictRow].append(
             {
                 "attempt_id": attempt_id,

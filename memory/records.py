@@ -20,6 +20,8 @@ from pydantic import (
 )
 
 AttemptKind = Literal["base", "guided", "retry", "reflection", "insight"]
+FIRST_KINDS: tuple[AttemptKind, ...] = ("base", "guided")  # one per slot, as first sampled
+ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry")  # attempts at the task itself
 LossType = Literal["policy", "pivot", "forced"]
 GroupPurpose = Literal["train", "eval", "capture"]
 AdvantageMode = Literal["grpo", "r3l", "rltldr"]
@@ -186,7 +188,7 @@ class Group(Record):
     def complete(self) -> bool:
         """Trainable only when every slot holds a first attempt and none failed for
         infrastructure. Retries, reflections and insights are extras on top of the slots."""
-        firsts = [a for a in self.attempts if a.kind in ("base", "guided")]
+        firsts = self.first_attempts
         indices = {a.sample_index for a in firsts}
         no_errors = all(a.error is None for a in firsts)
         return indices == set(range(self.size)) and no_errors
@@ -194,7 +196,7 @@ class Group(Record):
     @property
     def first_attempts(self) -> list[Attempt]:
         """One attempt per slot, as first sampled (no retries or reflections)."""
-        return [a for a in self.attempts if a.kind in ("base", "guided")]
+        return [a for a in self.attempts if a.kind in FIRST_KINDS]
 
     @property
     def bare_attempts(self) -> list[Attempt]:

@@ -16,6 +16,7 @@ from memory.models import (
     StrategyRow,
 )
 from memory.records import (
+    FIRST_KINDS,
     GroupPurpose,
     StrategyStats,
 )
@@ -23,7 +24,7 @@ from memory.records import (
 
 def strategy_stats(session: Session, taskset: str | None = None) -> list[StrategyStats]:
     """Success rate per strategy over first attempts, most tried first."""
-    first = AttemptRow.kind.in_(("base", "guided")) & AttemptRow.error.is_(None)
+    first = AttemptRow.kind.in_(FIRST_KINDS) & AttemptRow.error.is_(None)
     query = (
         select(
             StrategyRow.taskset,

@@ -83,7 +83,7 @@ def test_bad_urls_fail_with_one_line(tmp_path) -> None:
 
 
 def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
-    from flows.flywheel import _round_record
+    from flows.rounds import RoundContext, _round_record
     from flows.settings import RunSettings
 
     settings = RunSettings(db_url=f"sqlite:///{tmp_path / 'fw.db'}", workdir=tmp_path)
@@ -93,14 +93,18 @@ def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
         store.save_group(session, make_group([0.0, 0.0], task_id="b"))
         groups = store.load_groups(session, "train", round_index=1)
     base = PolicyVersion(name="base", base_model="base")
-    first, trained = _round_record(settings, 1, base, groups)
+    ctx = RoundContext(
+        settings=settings, server_url="http://unused", base_name="base", base_model=tmp_path,
+        held_out=[], round_index=1, current=base,
+    )  # fmt: skip
+    first, trained = _round_record(ctx, groups)
     assert first.status == "running" and first.policy_out and first.method == "rltldr"
     assert first.group_ids == [g.id for g in groups] and trained == groups
     # After a crash, the same round trains the same groups under the same name, even if
     # more groups have been stored since.
     with store.transaction(engine) as session:
         store.save_group(session, make_group([1.0, 0.0], task_id="c"))
-    again, regrouped = _round_record(settings, 1, base, [])
+    again, regrouped = _round_record(ctx, [])
     assert again.policy_out == first.policy_out and regrouped == groups
 
 

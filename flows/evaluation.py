@@ -1,0 +1,98 @@
+"""Held-out evaluation: one greedy sample per held-out task, nothing in context, and the baseline.
+
+1. An evaluation is collected like any batch (purpose `eval`), so a version evaluated again finds
+   its groups stored and samples nothing; a batch with a task that failed for good raises, so a
+   figure is never computed from calls that failed.
+2. The baseline is the base model's evaluation, stored the first time and read back after.
+3. `paired` compares two versions on the same held-out tasks: tasks gained and tasks lost.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from prefect import get_run_logger
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine
+
+from flows.settings import RunSettings
+from flows.stages import collect, engine
+from memory import store
+from memory.records import Group, PolicyVersion
+from verifiers.catalog import eval_tasks
+from verifiers.task import Task
+
+
+class Evaluation(BaseModel):
+    """A version's held-out figures: correct answers and well-formed answers, per task."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pass_at_1: float
+    format_rate: float
+
+
+async def evaluate(
+    settings: RunSettings, server_url: str, held_out: list[Task], version: PolicyVersion
+) -> Evaluation:
+    groups = await collect(
+        settings,
+        server_url,
+        held_out,
+        version.name,
+        version.round_index,
+        "eval",
+        settings.eval_settings(),
+    )
+    return _figures(groups, len(held_out))
+
+
+def _figures(groups: list[Group], expected: int) -> Evaluation:
+    attempts = [a for g in groups for a in g.attempts]
+    if len(groups) != expected or not attempts:
+        raise RuntimeError(f"{len(groups)} evaluation groups for {expected} held-out tasks")
+    return Evaluation(
+        pass_at_1=statistics.fmean(a.correct for a in attempts),
+        format_rate=statistics.fmean(a.format_ok for a in attempts),
+    )
+
+
+async def baseline(
+    settings: RunSettings, server_url: str, base_name: str, seconds: dict[str, float]
+) -> tuple[list[Task], Evaluation]:
+    """The held-out tasks and the base model's figures. The base model is recorded (and
+    promoted if nothing is); its groups, once stored, are read back, not sampled again."""
+    db = engine(settings.db_url)
+    with store.transaction(db) as session:
+        store.save_policy_version(session, PolicyVersion(name=base_name, base_model=base_name))
+        if store.promoted_policy(session) is None:
+            store.set_promoted(session, base_name, True)
+        base = store.policy_version(session, base_name)
+    held_out = eval_tasks(settings.taskset, settings.eval_tasks)
+    started = time.monotonic()
+    figures = await evaluate(settings, server_url, held_out, base)
+    seconds["evaluate"] = seconds.get("evaluate", 0.0) + time.monotonic() - started
+    get_run_logger().info(
+        "baseline held-out pass@1 %.3f (format %.2f)", figures.pass_at_1, figures.format_rate
+    )
+    with store.transaction(db) as session:
+        store.record_evaluation(session, base_name, figures.pass_at_1)
+    return held_out, figures
+
+
+def paired(db: Engine, base_name: str, name: str, held_out: list[Task]) -> tuple[int, int]:
+    """Held-out tasks the version solves that the base did not, and the reverse."""
+    wanted = {t.task_id for t in held_out}
+    with store.transaction(db) as session:
+        base = _solved(store.load_groups(session, "eval", policy_version=base_name), wanted)
+        new = _solved(store.load_groups(session, "eval", policy_version=name), wanted)
+    common = base.keys() & new.keys()
+    return (
+        sum(new[t] and not base[t] for t in common),
+        sum(base[t] and not new[t] for t in common),
+    )
+
+
+def _solved(groups: list[Group], wanted: set[str]) -> dict[str, bool]:
+    return {g.task_id: g.attempts[0].correct for g in groups if g.task_id in wanted and g.attempts}

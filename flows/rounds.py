@@ -1,0 +1,256 @@
+"""One flywheel round as a state machine over the store: collect, (curate,) train, swap,
+evaluate, promote.
+
+1. The round samples from the promoted version, which is served first (a restarted server lost
+   its adapters).
+2. The round's record (its data cursor: the ids of the complete groups it trains on, and the
+   new version's name) is committed before training, so a round killed while training resumes
+   on the same groups under the same name, from the trainer's last save; a published
+   checkpoint is never trained twice.
+3. A round with nothing to learn from (no group with a reward spread) is recorded as skipped;
+   a server that fails never makes a round skipped: collection raises first.
+4. The new version is served, evaluated on the same held-out tasks, and promoted only if the
+   gate lets it through. Every stage runs under its deadline (`stage_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prefect import get_run_logger
+from pydantic import BaseModel, ConfigDict
+
+from flows import evaluation, stages
+from flows.settings import RunSettings
+from flows.summary import RoundSummary
+from memory import store
+from memory.records import ROLLOUT_KINDS, Group, PolicyVersion, TrainingRound
+from serving import promotion
+from serving.adapters import ensure_loaded
+from trainer.dataset import member_advantages
+from trainer.errors import TrainerError
+from trainer.round import RoundResult
+from verifiers.catalog import train_tasks
+from verifiers.task import Task
+
+log = logging.getLogger(__name__)
+
+
+class RoundContext(BaseModel):
+    """What every stage of one round needs, fixed when the round starts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    settings: RunSettings
+    server_url: str
+    base_name: str
+    base_model: Path
+    held_out: list[Task]
+    round_index: int
+    current: PolicyVersion  # the promoted version the round samples from
+
+
+class Clock:
+    """Wall seconds per stage, summed over rounds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str, into: dict[str, float] | None = None) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            elapsed = time.monotonic() - started
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+            if into is not None:
+                into[name] = into.get(name, 0.0) + elapsed
+
+
+def start(
+    settings: RunSettings, server_url: str, base_name: str, base_model: Path, held_out: list[Task]
+) -> RoundContext:
+    """The next round's context: its index and the promoted version, served."""
+    with store.transaction(stages.engine(settings.db_url)) as session:
+        round_index = store.next_round_index(session)
+        current = store.promoted_policy(session)
+    assert current is not None, "the baseline promotes the base model first"
+    if current.adapter_path:
+        ensure_loaded(server_url, current.name, Path(current.adapter_path))
+    return RoundContext(
+        settings=settings,
+        server_url=server_url,
+        base_name=base_name,
+        base_model=base_model,
+        held_out=held_out,
+        round_index=round_index,
+        current=current,
+    )
+
+
+async def run_round(ctx: RoundContext, clock: Clock) -> RoundSummary:
+    """A whole round: fresh train tasks (seeded by the round), collected, then trained."""
+    tasks = train_tasks(
+        ctx.settings.taskset, ctx.settings.tasks, seed=ctx.round_index, held_out=ctx.held_out
+    )
+    seconds: dict[str, float] = {}
+    with clock.stage("collect", seconds):
+        groups = await collect_stage(ctx, tasks, clock)
+    return await train_stage(ctx, groups, seconds, clock)
+
+
+async def collect_stage(ctx: RoundContext, tasks: list[Task], clock: Clock) -> list[Group]:
+    """The round's train groups (and, with the library on, its curation)."""
+    settings = ctx.settings
+    collect = stages.within_deadline(stages.collect, settings)
+    groups = await collect(
+        settings, ctx.server_url, tasks, ctx.current.name, ctx.round_index, "train",
+        settings.collect_settings(),
+    )  # fmt: skip
+    if settings.library:
+        with clock.stage("curate"):
+            stages.within_deadline(stages.curate, settings)(settings, groups)
+    return groups
+
+
+async def train_stage(
+    ctx: RoundContext, groups: list[Group], seconds: dict[str, float], clock: Clock
+) -> RoundSummary:
+    """Train on the round's groups, then serve, evaluate and promote the new version."""
+    summary = _collected(ctx, groups)
+    record, groups = _round_record(ctx, groups)
+    name = record.policy_out
+    assert name is not None
+    try:
+        with clock.stage("train", seconds):
+            train = stages.within_deadline(stages.train, ctx.settings)
+            trained = train(ctx.settings, groups, ctx.base_model, ctx.current, name)
+    except TrainerError as exc:
+        get_run_logger().warning("round %d skipped: %s", ctx.round_index, exc)
+        _finish(ctx, record, {"status": "skipped", "metrics": {"reason": str(exc)}})
+        return summary.model_copy(update={"note": str(exc), "wall_seconds": seconds})
+    version = _publish(ctx, name, trained, groups)
+    with clock.stage("swap", seconds):
+        swap = stages.within_deadline(stages.swap, ctx.settings)
+        swap(ctx.server_url, name, trained.adapter_path)
+    with clock.stage("evaluate", seconds):
+        figures = await evaluation.evaluate(ctx.settings, ctx.server_url, ctx.held_out, version)
+    promoted = _judge(ctx, record, name, trained, figures)
+    gained, lost = evaluation.paired(
+        stages.engine(ctx.settings.db_url), ctx.base_name, name, ctx.held_out
+    )
+    return summary.model_copy(
+        update={
+            "policy_version": name,
+            "adapter_path": trained.adapter_path,
+            "train_tokens": trained.train_tokens,
+            "eval_pass_at_1": figures.pass_at_1,
+            "eval_format_rate": figures.format_rate,
+            "eval_gained": gained,
+            "eval_lost": lost,
+            "promoted": promoted,
+            "wall_seconds": seconds,
+        }
+    )
+
+
+def _collected(ctx: RoundContext, groups: list[Group]) -> RoundSummary:
+    """The round's summary as collected: rollouts are attempts at the task (first attempts and
+    retries), not reflections or insights."""
+    attempts = [a for g in groups for a in g.attempts if a.kind in ROLLOUT_KINDS]
+    bare = [a for g in groups for a in g.bare_attempts]
+    get_run_logger().info(
+        "round %d: %d rollouts, %d correct",
+        ctx.round_index, len(attempts), sum(a.correct for a in attempts),
+    )  # fmt: skip
+    return RoundSummary(
+        round_index=ctx.round_index,
+        policy_version=None,
+        parent_version=ctx.current.name,
+        adapter_path=None,
+        rollouts=len(attempts),
+        successes=sum(a.correct for a in attempts),
+        bare_rollouts=len(bare),
+        bare_successes=sum(a.correct for a in bare),
+        train_tokens=0,
+        eval_pass_at_1=None,
+        eval_format_rate=None,
+        promoted=False,
+    )
+
+
+def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound, list[Group]]:
+    """The round's record with its data cursor: the one stored, or a new one committed now."""
+    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+        stored = store.training_round(session, ctx.round_index)
+        if stored is not None and stored.status == "running" and stored.group_ids:
+            log.info(
+                "round %d: resuming %s on its %d recorded groups",
+                ctx.round_index, stored.policy_out, len(stored.group_ids),
+            )  # fmt: skip
+            return stored, store.groups_by_id(session, stored.group_ids)
+        trainable = [g for g in groups if g.complete]
+        record = TrainingRound(
+            round_index=ctx.round_index,
+            method=ctx.settings.train.mode,
+            policy_in=ctx.current.name,
+            policy_out=f"policy-r{ctx.round_index}-{uuid.uuid4().hex[:6]}",
+            status="running",
+            hyperparameters=ctx.settings.train.model_dump(),
+            group_ids=[g.id for g in trainable if g.id is not None],
+        )
+        store.save_training_round(session, record)
+    return record, trainable
+
+
+def _publish(
+    ctx: RoundContext, name: str, trained: RoundResult, groups: list[Group]
+) -> PolicyVersion:
+    """Record the new version, and the advantage each trained segment got (for lineage)."""
+    version = PolicyVersion(
+        name=name,
+        base_model=ctx.current.base_model,
+        parent=ctx.current.name,
+        adapter_path=trained.adapter_path,
+        round_index=ctx.round_index,
+    )
+    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+        store.save_policy_version(session, version)
+        for group in groups:
+            assert group.id is not None
+            store.set_advantages(session, group.id, member_advantages(group, ctx.settings.train))
+    return version
+
+
+def _judge(
+    ctx: RoundContext,
+    record: TrainingRound,
+    name: str,
+    trained: RoundResult,
+    figures: evaluation.Evaluation,
+) -> bool:
+    """Record the evaluation, let the gate decide, finish the round; whether it was promoted."""
+    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+        store.record_evaluation(session, name, figures.pass_at_1)
+        decision = promotion.promote(session, name, ctx.settings.gate)
+        metrics = {**trained.model_dump(), "eval_pass_at_1": figures.pass_at_1}
+        update = {"policy_out": name, "status": "done", "metrics": metrics}
+        store.save_training_round(session, record.model_copy(update=update))
+    promoted = decision.action == "promote"
+    get_run_logger().info(
+        "round %d: %s held-out pass@1 %.3f: %s (%s)",
+        ctx.round_index, name, figures.pass_at_1,
+        "promoted" if promoted else "not promoted", decision.reason,
+    )  # fmt: skip
+    return promoted
+
+
+def _finish(ctx: RoundContext, record: TrainingRound, update: dict[str, object]) -> None:
+    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+        store.save_training_round(session, record.model_copy(update=update))

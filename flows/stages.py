@@ -1,0 +1,202 @@
+"""The stages of a round as Prefect tasks: collect, curate, train and swap.
+
+1. `collect` enqueues a batch on the store's work queue and works it here, with any other
+   workers sharing the store, until every task is done; a task that failed for good fails the
+   stage, so a batch is complete or it is an error, never a partial answer.
+2. `curate` grows the experience library from a round's valid insights and improved retries.
+3. `train` runs one TRL round on complete groups and publishes the adapter.
+4. `swap` serves the new version; it is the one stage Prefect retries (twice, 5 s then 30 s),
+   because loading an adapter that is already served is a no-op. Collection is retried by the
+   work queue, per task; training by running again, from the trainer's last save.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import TypeVar
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from sqlalchemy import Engine
+from tqdm import tqdm
+
+from agents.collector import CollectSettings
+from agents.errors import ServerUnavailable
+from agents.outcome import OutcomeSettings
+from agents.policy import PolicyClient, Reviewer
+from flows import worker
+from flows.readiness import Readiness
+from flows.settings import RunSettings
+from memory import library, store, workqueue
+from memory.embedding import Embedder
+from memory.library import Admission, LibrarySettings
+from memory.records import Group, GroupPurpose, Guidance, PolicyVersion
+from memory.retrieval import Index
+from serving.adapters import ensure_loaded
+from trainer.round import RoundResult, train_round
+from verifiers.task import Task
+
+T = TypeVar("T")
+
+
+@cache
+def engine(db_url: str) -> Engine:
+    """One engine per database for the life of the process."""
+    return store.open_store(db_url)
+
+
+def within_deadline(stage: T, settings: RunSettings) -> T:
+    """The stage with its deadline: one that runs past `stage_timeout_s` fails (Prefect)."""
+    return stage.with_options(timeout_seconds=settings.stage_timeout_s)  # type: ignore[attr-defined]
+
+
+@task(cache_policy=NO_CACHE)
+async def collect(
+    settings: RunSettings,
+    server_url: str,
+    tasks: list[Task],
+    version: str,
+    round_index: int,
+    purpose: GroupPurpose,
+    sampling: CollectSettings,
+) -> list[Group]:
+    """Enqueue one work item per task not yet stored, collect them here (with any other
+    workers sharing the store), wait until the batch is done; return all its groups. A task
+    that failed for good fails the stage: a batch is complete or it is an error."""
+    db = engine(settings.db_url)
+    batch = (round_index, purpose, version)
+    shaping = settings.outcome if purpose == "train" else None
+    await Readiness(db, server_url, settings.outage_s).ensure(version)
+    with store.transaction(db) as session:
+        done = {g.task_id for g in store.load_groups(session, purpose, round_index, version)}
+    todo = [t for t in tasks if t.task_id not in done]
+    plan = _planner(settings, db, purpose, sampling, shaping)
+    with store.transaction(db) as session:
+        workqueue.enqueue(session, worker.plan_items(batch, todo, plan))
+        workqueue.requeue_failed(session, *batch)  # a re-run gives them another chance
+    get_run_logger().info(
+        "%s with %s: %d tasks (%d already stored)", purpose, version, len(tasks), len(done)
+    )
+    worker.release_dead_local_workers(db)
+    reviewer = _reviewer(settings)
+    # A progress bar on a terminal; logs already say how far a batch is everywhere else.
+    bar = tqdm(total=len(todo), desc=f"{purpose} {version}", unit="task", leave=False,
+               disable=not sys.stderr.isatty())  # fmt: skip
+    try:
+        await worker.work(
+            db,
+            server_url,
+            owner=worker.new_owner(),
+            settings=worker.WorkerSettings(
+                concurrency=settings.concurrency, outage_s=settings.outage_s
+            ),
+            until=lambda: worker.batch_done(db, batch),
+            batch=batch,
+            reviewer=reviewer,
+            on_stored=lambda group: bar.update(1),
+        )
+    finally:
+        bar.close()
+        if reviewer is not None:
+            await reviewer.client.aclose()
+    wanted = {t.task_id for t in tasks}
+    with store.transaction(db) as session:
+        failed = workqueue.failed(session, *batch)
+        groups = store.load_groups(session, purpose, round_index, version)
+    if failed:
+        raise ServerUnavailable(
+            f"{len(failed)} of {len(tasks)} {purpose} tasks failed {failed[0].failures} times "
+            f"(run again to retry them); the last error: {failed[0].error}"
+        )
+    return [g for g in groups if g.task_id in wanted]
+
+
+def _planner(
+    settings: RunSettings,
+    db: Engine,
+    purpose: GroupPurpose,
+    sampling: CollectSettings,
+    shaping: OutcomeSettings | None,
+) -> Callable[[Task], worker.Plan]:
+    """How each task is collected; with the library on, train tasks get its lessons."""
+    if not (settings.library and purpose == "train"):
+        return lambda task: worker.Plan(task=task, sampling=sampling, outcome=shaping)
+    with store.transaction(db) as session:
+        entries = library.entries(session)
+        vectors = library.embeddings(session, [e.id for e in entries])
+    index = Index(entries, vectors, _embedder())
+
+    def plan(task: Task) -> worker.Plan:
+        hits = index.search(task.question, task.task_id, task.taskset, k=settings.library_k)
+        lessons = tuple(hit.entry.text for hit in hits)
+        return worker.Plan(
+            task=task,
+            sampling=sampling.model_copy(update={"experience": lessons}),
+            outcome=shaping,
+            experience_ids=[hit.entry.id for hit in hits],
+            similarities=[hit.score for hit in hits],
+        )
+
+    return plan
+
+
+@task(cache_policy=NO_CACHE)
+def curate(settings: RunSettings, groups: list[Group]) -> Admission:
+    """Grow the library from this round: valid insights, and the principles of retries that
+    beat their parent, for the task set."""
+    candidates = [
+        Guidance(
+            kind="insight" if a.kind == "insight" else "principle",
+            scope="task_type",
+            scope_key=g.taskset,
+            text=a.guidance,
+            source=f"{a.kind} of group {g.id}, slot {a.sample_index}",
+        )
+        for g in groups
+        for a in g.attempts
+        if a.guidance
+        and ((a.kind == "insight" and a.format_ok) or (a.kind == "retry" and a.improved))
+    ]
+    with store.transaction(engine(settings.db_url)) as session:
+        report = library.admit(session, candidates, LibrarySettings(), _embedder().embed_bytes)
+        size = library.size(session)
+    get_run_logger().info(
+        "library: %d lessons added, %d merged, %d refused; %d active",
+        len(report.added), len(report.merged), len(report.refused), size,
+    )  # fmt: skip
+    return report
+
+
+@cache
+def _embedder() -> Embedder:
+    return Embedder()
+
+
+def _reviewer(settings: RunSettings) -> Reviewer | None:
+    if settings.reviewer_url is None or settings.reviewer_model is None:
+        return None
+    return Reviewer(PolicyClient(settings.reviewer_url), settings.reviewer_model)
+
+
+@task(cache_policy=NO_CACHE)
+def train(
+    settings: RunSettings, groups: list[Group], base_model: Path, parent: PolicyVersion, name: str
+) -> RoundResult:
+    parent_path = Path(parent.adapter_path) if parent.adapter_path else None
+    return train_round(
+        groups,
+        base_model=base_model,
+        parent_adapter=parent_path,
+        checkpoint_root=settings.checkpoint_root,
+        name=name,
+        settings=settings.train,
+    )
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
+def swap(server_url: str, name: str, adapter_path: str) -> None:
+    """Serve the new version; a no-op when a resumed round finds it already served."""
+    ensure_loaded(server_url, name, Path(adapter_path))

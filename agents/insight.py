@@ -9,6 +9,8 @@
 3. The insight is stored as an attempt of kind "insight" whose sample is the insight's tokens
    (as the server tokenises them) after the bare prompt: the row that RLTLDR's insight SFT
    trains, given only the task.
+4. `sequential_attempts` is RLTLDR's group: attempts one after another, each failure judged
+   into an insight for the board, which later attempts may see.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.attempt import bare_prompt_ids
+from agents.context import bare_messages
 from agents.errors import PolicyError
-from agents.policy import Reviewer
+from agents.policy import Endpoint
 from agents.reflection import parse_reply, review_messages
-from memory.records import Attempt, Sample, SamplingSettings
+from agents.settings import CollectSettings
+from agents.slots import first_attempt
+from memory.records import FULL_REWARD, Attempt, Sample, SamplingSettings
+from verifiers.task import Task
 
 JUDGE_SYSTEM = (
     "You judge one attempt at a task, using the verifier's feedback. Reply with a JSON object "
@@ -72,8 +80,8 @@ class InsightBoard:
 
 
 async def judge(
-    reviewer: Reviewer,
-    policy: Reviewer,
+    reviewer: Endpoint,
+    policy: Endpoint,
     question: str,
     attempt: Attempt,
     bare_prompt: list[int],
@@ -122,3 +130,36 @@ async def judge(
         format_ok=True,
         reason="valid insight",
     )
+
+
+async def sequential_attempts(
+    policy: Endpoint,
+    reviewer: Endpoint,
+    task: Task,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+    board: InsightBoard,
+) -> list[Attempt]:
+    """RLTLDR: attempts one after another, each failure judged into an insight for the board."""
+    client, model = policy.client, policy.model
+    attempts: list[Attempt] = []
+    judged: list[Attempt] = []
+    for index in range(settings.group_size):
+        async with limiter:
+            attempt = await first_attempt(
+                client, task, model, settings, index, board.conditioning()
+            )
+        board.record(attempt)
+        attempts.append(attempt)
+        if attempt.sample is None or attempt.reward >= FULL_REWARD:
+            continue
+        bare = bare_messages(task, settings.system(task))
+        bare_ids = await bare_prompt_ids(attempts, client, model, bare)
+        if bare_ids is None:
+            continue
+        async with limiter:
+            insight = await judge(reviewer, policy, task.question, attempt, bare_ids)
+        judged.append(insight)
+        if insight.guidance:
+            board.add(insight.guidance)
+    return attempts + judged

@@ -43,9 +43,10 @@ class _Transient(ServerUnavailable):
 
 
 @dataclass(frozen=True)
-class Reviewer:
-    """Who writes reflections and judgements: the policy itself unless another
-    OpenAI-compatible endpoint is configured."""
+class Endpoint:
+    """A model behind a client: the policy (the model being trained), or the reviewer that
+    writes reflections and judgements (the policy itself unless another OpenAI-compatible
+    endpoint is configured)."""
 
     client: PolicyClient
     model: str

@@ -10,8 +10,11 @@
    cannot contradict the verifier.
 3. The retry replays the first `retry_from_step` steps verbatim and inserts the principle at the
    pivot. A single-turn answer is one step, so its pivot is 0 and the principle goes into the
-   system prompt (`agents.context.hint_messages`). The retry keeps the bare prompt's ids so
-   training can use its distill copy, and records whether it improved on its parent.
+   system prompt (`agents.context.hint_messages`); an episode replays its turns
+   (`agents.episode.retry_episode`). The retry keeps the bare prompt's ids so training can use
+   its distill copy, and records whether it improved on its parent.
+4. `reflect_and_retry` runs this for every unguided attempt of a group short of full reward,
+   concurrently; the reflections and retries join the group as extra attempts.
 """
 
 from __future__ import annotations
@@ -19,12 +22,18 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.context import Messages
+from agents.attempt import Conditioning, attempt_task
+from agents.context import Messages, hint_messages
+from agents.episode import retry_episode
 from agents.errors import PolicyError
-from agents.policy import Reviewer
-from memory.records import Attempt, SamplingSettings, describe
+from agents.policy import Endpoint
+from agents.settings import CollectSettings
+from memory.records import FULL_REWARD, Attempt, SamplingSettings, describe
+from verifiers.catalog import environment, is_episodic
+from verifiers.task import Task
 
 REFLECT_SYSTEM = (
     "You review one attempt at a task. Reply with a JSON object only, with the keys: "
@@ -35,7 +44,6 @@ REFLECT_SYSTEM = (
 )
 REFLECT_MAX_TOKENS = 200
 Reply = TypeVar("Reply", bound=BaseModel)
-FULL_REWARD = 1.0
 
 
 class Reflection(BaseModel):
@@ -84,7 +92,7 @@ def parse_reflection(text: str) -> Reflection | str:
 
 
 async def reflect(
-    reviewer: Reviewer, question: str, attempt: Attempt
+    reviewer: Endpoint, question: str, attempt: Attempt
 ) -> tuple[Attempt, Reflection | None]:
     """Reflect on `attempt`; the reflection is returned as an attempt of kind "reflection"."""
     client, model = reviewer.client, reviewer.model
@@ -129,4 +137,77 @@ def wants_retry(attempt: Attempt, reflection: Reflection | None) -> bool:
     it a success."""
     return (
         reflection is not None and reflection.outcome != "success" and attempt.reward < FULL_REWARD
+    )
+
+
+async def reflect_and_retry(
+    policy: Endpoint,
+    reviewer: Endpoint,
+    task: Task,
+    attempts: list[Attempt],
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+) -> list[Attempt]:
+    """Reflections and retries for the unguided attempts of a group short of full reward: a
+    retry with the principle as a hint, or for an episode, a replay from the reflection's
+    step."""
+    failed = [
+        a for a in attempts if not a.guided and a.sample and a.reward < FULL_REWARD and not a.error
+    ]
+    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    extras: list[Attempt] = []
+
+    async def retry(parent: Attempt, reflection: Reflection) -> Attempt:
+        if is_episodic(task.taskset):
+            return await retry_episode(
+                policy.client, environment(task), parent, reflection.principle,
+                reflection.retry_from_step, sampling,
+            )  # fmt: skip
+        return await hint_retry(policy, task, settings.system(task), parent, reflection, sampling)
+
+    async def one(parent: Attempt) -> None:
+        async with limiter:
+            reflection_attempt, reflection = await reflect(reviewer, task.question, parent)
+        if not wants_retry(parent, reflection):
+            extras.append(reflection_attempt)
+            return
+        assert reflection is not None
+        async with limiter:
+            retried = await retry(parent, reflection)
+        extras.extend(
+            [reflection_attempt.model_copy(update={"improved": retried.improved}), retried]
+        )
+
+    async with anyio.create_task_group() as tg:
+        for parent in failed:
+            tg.start_soon(one, parent)
+    return sorted(extras, key=lambda a: (a.sample_index, a.kind))
+
+
+async def hint_retry(
+    policy: Endpoint,
+    task: Task,
+    system: str,
+    parent: Attempt,
+    reflection: Reflection,
+    sampling: SamplingSettings,
+) -> Attempt:
+    """A one-step retry with the principle in the system prompt, paired with its parent."""
+    assert parent.sample is not None
+    retry = await attempt_task(
+        policy.client,
+        task,
+        hint_messages(task, system, reflection.principle),
+        policy.model,
+        sampling,
+        parent.sample_index,
+        Conditioning(context="hint", guidance=reflection.principle),
+        kind="retry",
+    )
+    return retry.model_copy(
+        update={
+            "parent_index": parent.sample_index,
+            "bare_prompt_token_ids": parent.sample.prompt_token_ids,
+            "improved": retry.error is None and retry.reward > parent.reward,
+        }
     )

@@ -16,10 +16,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.attempt import Conditioning
 from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
@@ -69,7 +68,7 @@ async def strategy_attempt(
     temperature: float,
     settings: StrategySettings,
     max_tokens: int,
-    plan: dict[str, Any],
+    conditioning: Conditioning,
 ) -> Attempt:
     """One SGE attempt: strategy call, then answer call; failures are recorded, never raised.
 
@@ -80,7 +79,8 @@ async def strategy_attempt(
         max_tokens=max_tokens,
         strategy_temperature=temperature,
     )
-    base = {"sample_index": index, "policy_version": model, "messages": messages, **plan}
+    base = {"sample_index": index, "policy_version": model, "messages": messages}
+    base |= conditioning.fields()
     strategy_sampling = SamplingSettings(temperature=temperature, max_tokens=settings.max_tokens)
     try:
         strategy = await client.continue_turn(model, messages, PREFIX, strategy_sampling, ["\n"])

@@ -37,7 +37,7 @@ from sqlalchemy import Engine, func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents.collector import CollectSettings  # noqa: E402
+from agents.settings import CollectSettings  # noqa: E402
 from agents.watchdog import WatchdogSettings  # noqa: E402
 from bench.faults import FaultProxy, Faults  # noqa: E402
 from flows import worker  # noqa: E402

@@ -27,9 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from smollm2_server import smollm2_server  # noqa: E402
 
-from agents.collector import CollectSettings, collect_group  # noqa: E402
+from agents.collector import collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
+from agents.settings import CollectSettings  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
 from memory.records import FIRST_KINDS, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402

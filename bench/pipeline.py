@@ -29,9 +29,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from smollm2_server import smollm2_server  # noqa: E402
 
-from agents.collector import CollectSettings  # noqa: E402
 from agents.context import bare_messages  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
+from agents.settings import CollectSettings  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
 from memory.records import SamplingSettings  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402

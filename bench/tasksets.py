@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from smollm2_server import smollm2_server  # noqa: E402
 
-from agents.collector import CollectSettings, collect_group  # noqa: E402
+from agents.collector import collect_group  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
+from agents.settings import CollectSettings  # noqa: E402
 from memory.records import Group  # noqa: E402
 from verifiers.catalog import eval_tasks, names  # noqa: E402
 from verifiers.errors import VerifierError  # noqa: E402

@@ -89,7 +89,7 @@ def serve(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     import anyio
 
-    from agents.policy import PolicyClient, Reviewer
+    from agents.policy import Endpoint, PolicyClient
     from flows import worker
     from memory.store import open_store
 
@@ -102,7 +102,7 @@ def worker(args: argparse.Namespace) -> int:
     )
     reviewer = None
     if args.reviewer_url and args.reviewer_model:
-        reviewer = Reviewer(PolicyClient(args.reviewer_url), args.reviewer_model)
+        reviewer = Endpoint(PolicyClient(args.reviewer_url), args.reviewer_model)
     owner = worker.new_owner()
     idle = _IdleClock(engine, args.idle_exit)
     print(f"worker {owner}: collecting from {args.server_url}; Ctrl-C stops it", file=sys.stderr)

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.collector import CollectSettings
 from agents.outcome import OutcomeSettings
+from agents.settings import CollectSettings
 from agents.strategy import StrategySettings
 from flows.errors import FlowError
 from memory.records import describe

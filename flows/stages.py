@@ -23,10 +23,10 @@ from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
 from tqdm import tqdm
 
-from agents.collector import CollectSettings
 from agents.errors import ServerUnavailable
 from agents.outcome import OutcomeSettings
-from agents.policy import PolicyClient, Reviewer
+from agents.policy import Endpoint, PolicyClient
+from agents.settings import CollectSettings
 from flows import worker
 from flows.readiness import Readiness
 from flows.settings import RunSettings
@@ -134,7 +134,7 @@ def _planner(
         lessons = tuple(hit.entry.text for hit in hits)
         return worker.Plan(
             task=task,
-            sampling=sampling.model_copy(update={"experience": lessons}),
+            sampling=sampling.model_copy(update={"lessons": lessons}),
             outcome=shaping,
             experience_ids=[hit.entry.id for hit in hits],
             similarities=[hit.score for hit in hits],
@@ -175,10 +175,10 @@ def _embedder() -> Embedder:
     return Embedder()
 
 
-def _reviewer(settings: RunSettings) -> Reviewer | None:
+def _reviewer(settings: RunSettings) -> Endpoint | None:
     if settings.reviewer_url is None or settings.reviewer_model is None:
         return None
-    return Reviewer(PolicyClient(settings.reviewer_url), settings.reviewer_model)
+    return Endpoint(PolicyClient(settings.reviewer_url), settings.reviewer_model)
 
 
 @task(cache_policy=NO_CACHE)

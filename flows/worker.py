@@ -36,10 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
 from agents import outcome
-from agents.collector import CollectSettings, collect_groups, first_failure
+from agents.collector import collect_groups, first_failure
 from agents.errors import ServerUnavailable
 from agents.outcome import OutcomeSettings
-from agents.policy import PolicyClient, Reviewer
+from agents.policy import Endpoint, PolicyClient
+from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from flows.readiness import Readiness
 from memory import library, store, workqueue
@@ -133,7 +134,7 @@ async def work(
     settings: WorkerSettings,
     until: Callable[[], bool],
     batch: Batch | None = None,
-    reviewer: Reviewer | None = None,
+    reviewer: Endpoint | None = None,
     on_stored: Callable[[Group], None] | None = None,
 ) -> int:
     """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
@@ -189,7 +190,7 @@ async def _collect_lot(
     owner: str,
     settings: WorkerSettings,
     limiter: anyio.CapacityLimiter,
-    reviewer: Reviewer | None,
+    reviewer: Endpoint | None,
     on_stored: Callable[[Group], None] | None,
     readiness: Readiness,
 ) -> int:

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 AttemptKind = Literal["base", "guided", "retry", "reflection", "insight"]
+FULL_REWARD = 1.0  # the verifier's reward for a complete, correct answer
 FIRST_KINDS: tuple[AttemptKind, ...] = ("base", "guided")  # one per slot, as first sampled
 ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry")  # attempts at the task itself
 LossType = Literal["policy", "pivot", "forced"]

@@ -13,8 +13,9 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import CollectSettings, collect_groups
+from agents.collector import collect_groups
 from agents.policy import PolicyClient
+from agents.settings import CollectSettings
 from flows.cli import main
 from memory import store
 from serving.adapters import ensure_loaded, load_adapter, loaded_models

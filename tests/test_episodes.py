@@ -146,8 +146,9 @@ def test_an_episode_trains_its_turns_and_never_the_replies() -> None:
 
 
 def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_turns_before() -> None:
-    from agents.collector import CollectSettings, reflect_and_retry
-    from agents.policy import Reviewer
+    from agents.policy import Endpoint
+    from agents.reflection import reflect_and_retry
+    from agents.settings import CollectSettings
     from tests.test_policy import completion
     from verifiers.catalog import eval_tasks
 
@@ -180,7 +181,7 @@ def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_tur
     client = client_for(handler)
     parent = anyio.run(run_episode, client, GuessingGame(seed=int(task.answer)), "m", SAMPLING, 0)
     assert parent.reward == 0.0 and "invalid" in parent.reason
-    policy = Reviewer(client, "m")
+    policy = Endpoint(client, "m")
     settings = CollectSettings(temperature=SAMPLING.temperature, max_tokens=SAMPLING.max_tokens)
     extras = anyio.run(
         reflect_and_retry, policy, policy, task, [parent], settings, anyio.CapacityLimiter(2)

@@ -8,10 +8,11 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import CollectSettings, collect_groups
+from agents.collector import collect_groups
 from agents.errors import ServerUnavailable
-from agents.policy import Reviewer
+from agents.policy import Endpoint
 from agents.reflection import parse_reflection
+from agents.settings import CollectSettings
 from memory.records import Group, Sample
 from tests.test_advantages import with_attempts
 from tests.test_policy import client_for, completion
@@ -34,7 +35,7 @@ REFLECTION = {
 def collect_task(
     handler: Callable[[httpx.Request], httpx.Response],
     settings: CollectSettings,
-    reviewer: Reviewer | None = None,
+    reviewer: Endpoint | None = None,
     task: Task = TASK,
 ) -> Group:
     """The one group of `task`, collected from a scripted server."""
@@ -378,7 +379,7 @@ def test_a_configured_reviewer_writes_reflections_and_judgements() -> None:
     group = collect_task(
         policy_handler,
         CollectSettings(group_size=2, reflect_retry=True, insights=True),
-        Reviewer(client_for(reviewer_handler), "judge-model"),
+        Endpoint(client_for(reviewer_handler), "judge-model"),
     )
     kinds = sorted(a.kind for a in group.attempts)
     # The second attempt saw the first one's insight (guided): only the first is reflected on.
@@ -415,7 +416,7 @@ def test_library_lessons_replace_the_demo_in_the_guided_slots() -> None:
     def handler(body: dict) -> httpx.Response:
         return scripted(body, f"<answer>{TASK.answer}</answer>", [7] * len(body["messages"]))
 
-    settings = CollectSettings(group_size=4, guided_fraction=0.5, experience=("Mind the sign.",))
+    settings = CollectSettings(group_size=4, guided_fraction=0.5, lessons=("Mind the sign.",))
     group = run(handler, settings)
     guided = [a for a in group.attempts if a.guided]
     assert [a.context for a in guided] == ["experience", "experience"]

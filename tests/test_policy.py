@@ -6,9 +6,10 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import CollectSettings, collect_groups
+from agents.collector import collect_groups
 from agents.errors import PolicyError, ServerUnavailable
 from agents.policy import PolicyClient
+from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory.records import SamplingSettings
 from verifiers.reasoning import eval_tasks

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from agents.collector import CollectSettings
+from agents.settings import CollectSettings
 from flows import worker
 from memory import store, workqueue
 from memory.models import AttemptRow, RolloutGroupRow

@@ -1,0 +1,35 @@
+"""How one batch is collected: the one settings object of agents/, built by flows and passed
+down (a worker receives it in each work item's plan)."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from agents.strategy import StrategySettings
+from verifiers.catalog import system_prompt
+from verifiers.task import Task
+
+
+class CollectSettings(BaseModel):
+    """How one batch is sampled."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group_size: int = 4
+    temperature: float = 1.0
+    max_tokens: int = 128
+    system_prompt: str | None = None  # None: the task set's own
+    guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    reflect_retry: bool = False
+    insights: bool = False
+    strategy: StrategySettings | None = None
+    lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo
+        (),
+        validation_alias=AliasChoices("lessons", "experience"),  # plans stored before 0.2
+    )
+
+    def system(self, task: Task) -> str:
+        return self.system_prompt or system_prompt(task.taskset)
+
+    def guided_slots(self) -> int:
+        return round(self.group_size * self.guided_fraction)

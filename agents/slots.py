@@ -1,0 +1,114 @@
+"""A group's slots: what each slot's prompt holds, and its first attempt.
+
+1. Guided half-groups: the first `guided_fraction` of the slots show a worked example, or the
+   library's lessons for the task when it has some (EDGE); the other slots are bare, except that
+   RLTLDR's sequential attempts may show the batch's insights, and SGE's second wave sees the
+   first wave's strategies with their outcomes.
+2. A slot is sampled plainly, or strategy first (SGE, `agents.strategy`); a multi-turn task is
+   played as an episode (`agents.episode`), bare.
+3. `wave` samples a range of slots concurrently, each under the server-slot limiter.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from agents.attempt import BARE, Conditioning, attempt_task
+from agents.context import (
+    Messages,
+    bare_messages,
+    demo_messages,
+    demo_text,
+    experience_messages,
+    insight_messages,
+    strategies_messages,
+)
+from agents.episode import run_episode
+from agents.errors import PolicyError
+from agents.policy import PolicyClient
+from agents.settings import CollectSettings
+from agents.strategy import reflection_note, strategy_attempt
+from memory.records import Attempt, SamplingSettings
+from verifiers.catalog import environment, is_episodic, worked_example
+from verifiers.task import Task
+
+
+def conditioning(
+    task: Task,
+    settings: CollectSettings,
+    index: int,
+    insights: list[str] | None = None,
+    earlier: list[Attempt] | None = None,
+) -> tuple[Messages, Conditioning]:
+    """Slot `index`'s prompt and what it holds beyond the task (module docstring, 1)."""
+    system = settings.system(task)
+    tried = [a for a in earlier or [] if a.strategy]
+    if index < settings.guided_slots() and settings.lessons:
+        lessons = list(settings.lessons)
+        held = Conditioning(context="experience", guidance="\n".join(lessons))
+        return experience_messages(task, system, lessons), held
+    if index < settings.guided_slots():
+        example = worked_example(task.taskset)
+        held = Conditioning(context="demo", guidance=demo_text(example))
+        return demo_messages(task, system, example), held
+    if insights:
+        held = Conditioning(context="insights", guidance="\n".join(insights))
+        return insight_messages(task, system, insights), held
+    if tried:
+        note = reflection_note(tried)
+        return strategies_messages(task, system, note), Conditioning(
+            context="strategies", guidance=note
+        )
+    return bare_messages(task, system), BARE
+
+
+async def first_attempt(
+    client: PolicyClient,
+    task: Task,
+    model: str,
+    settings: CollectSettings,
+    index: int,
+    insights: list[str] | None = None,
+    earlier: list[Attempt] | None = None,
+) -> Attempt:
+    """Slot `index`, sampled plainly or strategy first (SGE)."""
+    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    if is_episodic(task.taskset):  # played turn by turn; no guidance yet
+        return await run_episode(client, environment(task), model, sampling, index)
+    messages, held = conditioning(task, settings, index, insights, earlier)
+    if settings.strategy is None:
+        return await attempt_task(client, task, messages, model, sampling, index, held)
+    try:
+        prompt_ids = await client.tokenize(model, messages)
+    except PolicyError as exc:
+        base = {"sample_index": index, "policy_version": model, "messages": messages}
+        return Attempt.failed(str(exc), **base, **held.fields(), sampling=sampling)
+    temperature = settings.strategy.temperature(index, settings.group_size)
+    return await strategy_attempt(
+        client, task, model, messages, prompt_ids, index, temperature, settings.strategy,
+        settings.max_tokens, held,
+    )  # fmt: skip
+
+
+async def wave(
+    client: PolicyClient,
+    task: Task,
+    model: str,
+    settings: CollectSettings,
+    limiter: anyio.CapacityLimiter,
+    indices: range,
+    earlier: list[Attempt],
+) -> list[Attempt]:
+    """Slots `indices` sampled concurrently; SGE's second wave sees the first's strategies."""
+    attempts_W: dict[int, Attempt] = {}
+
+    async def run_attempt(index: int) -> None:
+        async with limiter:
+            attempts_W[index] = await first_attempt(
+                client, task, model, settings, index, earlier=earlier
+            )
+
+    async with anyio.create_task_group() as tg:
+        for index in indices:
+            tg.start_soon(run_attempt, index)
+    return [attempts_W[i] for i in indices]

@@ -317,8 +317,8 @@ def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
     """A round stopped after its save at step 2, with two later saves cut short as a kill while
     saving leaves them: truncated weights (step 4) and a torn `trainer_state.json` (step 6). The
     resumed round passes over both, resumes from the whole save, publishes a complete adapter."""
+    from memory import folders
     from tests.conftest import make_group
-    from trainer import checkpoint
     from trainer.round import PolicyGradientTrainer, RoundResult, train_round
     from trainer.settings import TrainSettings
 
@@ -358,7 +358,7 @@ def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
     struck = time.monotonic()
     result = run_round()
     recovered = time.monotonic()
-    whole = checkpoint.is_complete(Path(result.adapter_path))
+    whole = folders.is_complete(Path(result.adapter_path))
     planned = -(-result.rows // settings.batch_size) * settings.epochs
     return Row(
         fault="trainer killed while saving",
@@ -400,7 +400,7 @@ def random_adapter(model_path: Path, root: Path, name: str = "random", std: floa
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trainer import checkpoint
+    from memory import folders
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(model_path)
@@ -408,9 +408,9 @@ def random_adapter(model_path: Path, root: Path, name: str = "random", std: floa
     for name, parameter in peft.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(parameter, std=std)
-    staging = checkpoint.staging_dir(root, name)
+    staging = folders.staging_dir(root, name)
     peft.save_pretrained(staging)
-    return checkpoint.publish(staging, root, name)
+    return folders.publish(staging, root, name)
 
 
 def run_all(args: argparse.Namespace) -> list[Row]:

@@ -27,12 +27,11 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from memory import store  # noqa: E402
+from memory import folders, store  # noqa: E402
 from memory.records import PolicyVersion  # noqa: E402
 from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
 from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
 from serving.server import ServerSettings, VllmServer  # noqa: E402
-from trainer import checkpoint  # noqa: E402
 
 ADMIN = {"Authorization": "Bearer bench-admin"}
 PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
@@ -137,9 +136,9 @@ def swaps(gateway: str, engine, template: Path, root: Path, count: int):
     with load, httpx.Client(base_url=gateway, headers=ADMIN, timeout=600) as admin:
         for i in range(1, count + 1):
             name = f"policy-bench-{i}"
-            staging = checkpoint.staging_dir(root, name)
+            staging = folders.staging_dir(root, name)
             shutil.copytree(template, staging, dirs_exist_ok=True)
-            published = checkpoint.publish(staging, root, name)
+            published = folders.publish(staging, root, name)
             started = time.monotonic()
             with store.transaction(engine) as session:
                 store.save_policy_version(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from flows.arguments import db_url, score, writable
+from flows.table import text_table
 
 
 def status(args: argparse.Namespace) -> int:
@@ -120,12 +121,11 @@ def strategies(args: argparse.Namespace) -> int:
     if not stats:
         print("no strategies recorded (collect with --sge 1)")
         return 0
-    print(f"{'attempts':>8} {'success':>8} {'reward':>7}  task set     strategy")
-    for s in stats:
-        print(
-            f"{s.attempts:>8} {s.success_rate:>8.3f} {s.mean_reward:>7.3f}  "
-            f"{s.taskset:<12} {s.text[:80]}"
-        )
+    rows = [
+        (str(s.attempts), f"{s.success_rate:.3f}", f"{s.mean_reward:.3f}", s.taskset, s.text[:80])
+        for s in stats
+    ]
+    print(text_table(("attempts", "success", "reward", "task set", "strategy"), rows))
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
+from flows.table import text_table
 from memory import library, store
 
 
@@ -84,7 +85,7 @@ def format_table(report: Report) -> str:
     contexts = sorted({c for r in report.rounds for c in r.success_by_context})
     header = ["round", "mode", "version", "pass@1", *[f"ok:{c}" for c in contexts]]
     header += ["gen tok", "train tok", "collect s", "train s"]
-    rows = [header]
+    rows = []
     for r in report.rounds:
         rows.append(
             [
@@ -99,9 +100,7 @@ def format_table(report: Report) -> str:
                 f"{r.train_seconds:.0f}",
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [text_table(header, rows)]
     if not report.rounds:
         lines.append("(no rounds yet: run `flywheel run`)")
     lines.append("ok:<context> = success rate of first attempts sampled under that context")

@@ -6,6 +6,8 @@ import math
 
 from pydantic import BaseModel, Field
 
+from flows.table import text_table
+
 
 class RoundSummary(BaseModel):
     round_index: int
@@ -76,13 +78,7 @@ def format_table(summary: RunSummary) -> str:
                 "yes" if r.promoted else "no",
             )
         )
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-        for row in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("")
+    lines = [text_table(header, rows), ""]
     lines.append(f"held-out: {summary.eval_tasks} {summary.taskset} tasks, greedy, no guidance")
     lines.append("bare ok: success rate of the train attempts sampled with no guidance")
     lines.append(_verdict(summary))

@@ -272,7 +272,7 @@ def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> in
         if plan.outcome is not None and plan.outcome.enabled:
             counts = store.outcome_counts(session, group.task_id)
             group = outcome.shape(group, counts, plan.outcome)
-        group_id, new = store.save_new_group(session, group)
+        [(group_id, new)] = store.save_groups(session, [group])
         if new and plan.outcome is not None and plan.outcome.enabled:
             store.add_outcomes(session, group.task_id, [a.answer_key for a in group.first_attempts])
         if new and plan.experience_ids:

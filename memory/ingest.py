@@ -55,11 +55,6 @@ def save_group(session: Session, group: Group) -> int:
     return save_groups(session, [group])[0][0]
 
 
-def save_new_group(session: Session, group: Group) -> tuple[int, bool]:
-    """Upsert a group and its attempts; returns the group id and whether the group is new."""
-    return save_groups(session, [group])[0]
-
-
 def save_groups(session: Session, groups: list[Group]) -> list[tuple[int, bool]]:
     """Upsert groups and their attempts by natural key, a few batched statements for all of
     them; returns each group's id and whether it is new. A new group's statistics come from the

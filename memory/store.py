@@ -31,7 +31,6 @@ from memory.groups import (
 from memory.ingest import (
     save_group,
     save_groups,
-    save_new_group,
 )
 from memory.outcomes import (
     add_outcomes,
@@ -85,7 +84,6 @@ __all__ = [
     "record_feedback",
     "save_group",
     "save_groups",
-    "save_new_group",
     "save_policy_version",
     "save_training_round",
     "set_advantages",

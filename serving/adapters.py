@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 from safetensors import safe_open
 
+from memory import folders
 from serving import probe
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
 TIMEOUT_S = 60.0
 
 
@@ -44,7 +44,7 @@ def validate_adapter(
         raise ServingError(f"adapter path {path} is outside the checkpoint root")
     if not resolved.is_dir():
         raise ServingError(f"adapter folder {path} not found")
-    if not (resolved / MARKER).is_file():
+    if not folders.is_complete(resolved):
         raise ServingError(f"adapter {path} is not a complete checkpoint")
     rank = _adapter_rank(resolved)
     if rank > max_rank:
@@ -107,7 +107,7 @@ def loaded_models(url: str) -> list[str]:
 
 def load_adapter(url: str, name: str, path: Path) -> None:
     """Load `path` as `name` and prove it answers; raises `ServingError` otherwise."""
-    if not (path / MARKER).is_file():
+    if not folders.is_complete(path):
         raise ServingError(f"adapter {path} is not a complete checkpoint")
     if name in loaded_models(url):
         raise ServingError(f"adapter name {name!r} is already loaded; names must be new")

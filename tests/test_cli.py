@@ -272,8 +272,9 @@ def test_strategies_lists_success_rates(tmp_path: Path, capsys) -> None:
         store.save_group(session, group.model_copy(update={"attempts": tried}))
     assert main(["strategies", "--db", db]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[:3] == ["2", "0.500", "0.500"] and lines[1].endswith("Count up.")
-    assert lines[2].split()[:2] == ["1", "1.000"]
+    assert lines[0].split()[:3] == ["attempts", "success", "reward"]
+    assert lines[2].split()[:3] == ["2", "0.500", "0.500"] and lines[2].endswith("Count up.")
+    assert lines[3].split()[:2] == ["1", "1.000"]
 
 
 def test_lineage_names_the_rounds_groups_and_lessons_behind_a_version(

@@ -17,10 +17,9 @@ from agents.collector import collect_groups
 from agents.policy import PolicyClient
 from agents.settings import CollectSettings
 from flows.cli import main
-from memory import store
+from memory import folders, store
 from serving.adapters import ensure_loaded, load_adapter, loaded_models
 from tests.conftest import free_port, make_group
-from trainer import checkpoint
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 from verifiers.reasoning import eval_tasks, train_tasks
@@ -162,7 +161,7 @@ def tiny_server_model(url: str) -> str:
 def _fake_complete(tmp_path: Path) -> Path:
     folder = tmp_path / "complete"
     folder.mkdir()
-    (folder / checkpoint.MARKER).write_text("ok\n")
+    (folder / folders.MARKER).write_text("ok\n")
     return folder
 
 
@@ -183,7 +182,7 @@ def test_real_model_round_end_to_end(
     # 16 groups of 4 at a success rate near 0.15: some group has reward variance (p > 0.999)
     assert round_["rollouts"] == 64 and round_["successes"] > 0
     assert round_["policy_version"].startswith("policy-r1-")
-    assert checkpoint.is_complete(Path(round_["adapter_path"]))
+    assert folders.is_complete(Path(round_["adapter_path"]))
     assert round_["train_tokens"] > 0 and round_["eval_pass_at_1"] is not None
     engine = store.open_store(db)
     with store.transaction(engine) as session:
@@ -316,7 +315,7 @@ def test_a_run_killed_while_training_resumes_the_round(
     assert finished.metrics["resumed_from_step"] >= 5
     assert attempts_after["train"] == attempts_before["train"] == 16
     assert all(len(g.first_attempts) == 4 for g in groups)
-    assert checkpoint.is_complete(tmp_path / "adapters" / str(finished.policy_out))
+    assert folders.is_complete(tmp_path / "adapters" / str(finished.policy_out))
 
 
 def test_library_lessons_guide_half_of_each_group_and_are_credited(

@@ -60,8 +60,8 @@ def test_shaped_rewards_round_trip_and_a_group_is_new_once(db_url: str) -> None:
     engine = store.open_store(db_url)
     shaped = shape(group_with_answers([1.0, 0.0], ["4", "4"]), {}, OutcomeSettings(bonus=0.1))
     with store.transaction(engine) as session:
-        _, new = store.save_new_group(session, shaped)
-        _, again = store.save_new_group(session, shaped)
+        [(_, new)] = store.save_groups(session, [shaped])
+        [(_, again)] = store.save_groups(session, [shaped])
         (loaded,) = store.load_groups(session, "train")
     assert new and not again
     assert [a.shaping for a in loaded.attempts] == [a.shaping for a in shaped.attempts]

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from memory import folders
+from memory.errors import StoreError
 from tests.conftest import make_group
-from trainer import checkpoint
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
 from trainer.settings import TrainSettings
@@ -28,10 +29,10 @@ def test_round_publishes_a_complete_adapter(tiny_model_path: Path, tmp_path: Pat
     )
     adapter = Path(result.adapter_path)
     assert adapter == tmp_path / "policy-r1"
-    assert checkpoint.is_complete(adapter)
+    assert folders.is_complete(adapter)
     assert (adapter / "adapter_model.safetensors").stat().st_size > 0
     assert result.rows == 12 and result.train_tokens == 12 * 6
-    assert not list(tmp_path.glob(f"{checkpoint.STAGING_PREFIX}*"))
+    assert not list(tmp_path.glob(f"{folders.STAGING_PREFIX}*"))
 
     child = train_round(
         groups(),
@@ -41,7 +42,7 @@ def test_round_publishes_a_complete_adapter(tiny_model_path: Path, tmp_path: Pat
         name="policy-r2",
         settings=FAST,
     )
-    assert checkpoint.is_complete(Path(child.adapter_path))
+    assert folders.is_complete(Path(child.adapter_path))
 
 
 def test_round_without_signal_fails_loudly(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -72,11 +73,11 @@ def test_incomplete_parent_checkpoint_is_refused(tiny_model_path: Path, tmp_path
 
 
 def test_publish_never_overwrites(tmp_path: Path) -> None:
-    first = checkpoint.staging_dir(tmp_path, "v1")
-    checkpoint.publish(first, tmp_path, "v1")
-    second = checkpoint.staging_dir(tmp_path, "v1")
-    with pytest.raises(TrainerError, match="already exists"):
-        checkpoint.publish(second, tmp_path, "v1")
+    first = folders.staging_dir(tmp_path, "v1")
+    folders.publish(first, tmp_path, "v1")
+    second = folders.staging_dir(tmp_path, "v1")
+    with pytest.raises(StoreError, match="already exists"):
+        folders.publish(second, tmp_path, "v1")
 
 
 def test_a_killed_round_resumes_from_its_last_save(
@@ -107,14 +108,14 @@ def test_a_killed_round_resumes_from_its_last_save(
     monkeypatch.setattr(PolicyGradientTrainer, "training_step", crash_after_three)
     with pytest.raises(KeyboardInterrupt):
         run_round()
-    assert not checkpoint.is_complete(tmp_path / "policy-r1")
+    assert not folders.is_complete(tmp_path / "policy-r1")
     # A later save killed half-way (no trainer state written yet) is passed over.
     (tmp_path / ".rounds" / "policy-r1" / "checkpoint-4").mkdir()
     monkeypatch.setattr(PolicyGradientTrainer, "training_step", original)
     result = run_round()
     # 12 rows in batches of 2: steps 0-2 ran, the save at step 2 is where the second run starts.
     assert result.resumed_from_step == 2
-    assert checkpoint.is_complete(Path(result.adapter_path))
+    assert folders.is_complete(Path(result.adapter_path))
     assert not (tmp_path / ".rounds" / "policy-r1").exists()
     again = run_round()
     assert again.resumed_from_step == -1 and again.adapter_path == result.adapter_path

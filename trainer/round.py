@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import SFTConfig, SFTTrainer
 
+from memory import folders
 from memory.records import Group
-from trainer import checkpoint
 from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts
 from trainer.errors import TrainerError
 from trainer.settings import TrainSettings
@@ -100,7 +100,7 @@ def train_round(
     if not rows:
         raise TrainerError("no trainable rows: every group lacked reward variance")
     published = checkpoint_root / name
-    if checkpoint.is_complete(published):
+    if folders.is_complete(published):
         log.info("round %s was already published; not training again", name)
         return _result(published, rows, [], 0.0, started, resumed_from_step=-1)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
@@ -124,9 +124,9 @@ def train_round(
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if resume is None:
         _check_moved(before, _lora_snapshot(trainer.model))
-    staging = checkpoint.staging_dir(checkpoint_root, name)
+    staging = folders.staging_dir(checkpoint_root, name)
     trainer.model.save_pretrained(staging)
-    path = checkpoint.publish(staging, checkpoint_root, name)
+    path = folders.publish(staging, checkpoint_root, name)
     shutil.rmtree(work, ignore_errors=True)
     history = trainer.state.log_history
     losses = [entry["loss"] for entry in history if "loss" in entry]
@@ -194,7 +194,7 @@ def _load_policy(base_model: Path, parent_adapter: Path | None, settings: TrainS
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=_dtype(settings))
     if parent_adapter is None:
         return model
-    if not checkpoint.is_complete(parent_adapter):
+    if not folders.is_complete(parent_adapter):
         raise TrainerError(f"parent adapter {parent_adapter} is not a complete checkpoint")
     return PeftModel.from_pretrained(model, parent_adapter, is_trainable=True)
 

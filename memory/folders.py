@@ -1,0 +1,57 @@
+"""Folders published atomically: checkpoints, merged model weights, prepared models.
+
+A folder is written under a staging name, flushed to disk, marked complete, and renamed into
+place in one step; a reader ignores any folder without the marker, so a writer killed half-way
+never leaves something that looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from memory.errors import StoreError
+
+MARKER = "COMPLETE"
+STAGING_PREFIX = ".staging-"
+
+
+def staging_dir(root: Path, name: str) -> Path:
+    """A fresh, empty staging folder for `root/name` (a stale one is removed)."""
+    path = root / f"{STAGING_PREFIX}{name}"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def publish(staging: Path, root: Path, name: str, replace: bool = False) -> Path:
+    """Mark `staging` complete and move it to `root/name`, durably. An existing target is an
+    error unless `replace` (a rebuilt cache, never a published version)."""
+    target = root / name
+    if target.exists():
+        if not replace:
+            raise StoreError(f"{target} already exists; published names must be new")
+        shutil.rmtree(target)
+    for path in staging.rglob("*"):
+        if path.is_file():
+            _fsync(path, os.O_RDONLY)
+    (staging / MARKER).write_text("ok\n")
+    _fsync(staging / MARKER, os.O_RDONLY)
+    _fsync(staging, os.O_RDONLY)
+    os.rename(staging, target)
+    _fsync(root, os.O_RDONLY)
+    return target
+
+
+def is_complete(path: Path) -> bool:
+    return (path / MARKER).is_file()
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

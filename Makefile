@@ -16,6 +16,7 @@ run: model
 test: model
 	$(VENV)/bin/flywheel prepare-model --model tiny
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 setup: $(VENV)/.installed $(SERVING)/.installed
@@ -23,9 +24,11 @@ setup: $(VENV)/.installed $(SERVING)/.installed
 model: setup
 	$(VENV)/bin/flywheel prepare-model
 
+# Ruff everywhere; mypy --strict on memory/, trainer/ and agents/ (pyproject.toml).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -17,9 +17,7 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from memory.records import Group
-
-MAX_REWARD = 1.0
+from memory.records import FULL_REWARD, Group
 
 
 class OutcomeSettings(BaseModel):
@@ -47,7 +45,7 @@ def shape(group: Group, counts: dict[str, int], settings: OutcomeSettings) -> Gr
     shaped = {}
     for attempt, key, bonus in zip(firsts, keys, bonuses, strict=True):
         penalty = settings.repeat_penalty * (seen[key] - 1) / len(firsts)
-        value = min(MAX_REWARD, max(0.0, attempt.reward - penalty + bonus - mean_bonus))
+        value = min(FULL_REWARD, max(0.0, attempt.reward - penalty + bonus - mean_bonus))
         terms = {"bonus": bonus - mean_bonus, "repeat_penalty": -penalty}
         shaped[attempt.sample_index, attempt.kind] = {"shaped_reward": value, "shaping": terms}
     return group.model_copy(

@@ -73,7 +73,7 @@ class PolicyClient:
             api_key=api_key,
             timeout=settings.ceiling_s,
             max_retries=0,
-            http_client=self._http,
+            http_client=self._http,  # type: ignore[arg-type]  # openai types it as its vendored httpx
         )
 
     @property
@@ -212,7 +212,7 @@ class PolicyClient:
                 logprobs=True,
                 extra_body={"return_token_ids": True, **(extra_body or {})},
                 extra_headers={"Idempotency-Key": uuid.uuid4().hex},
-                **extra,  # type: ignore[arg-type]
+                **extra,
             ),
             sampling.max_tokens,
         )

@@ -118,18 +118,18 @@ async def reflect(
         failed = Attempt(**record, sample=None, format_ok=False, reason="reflection failed")
         return failed.model_copy(update={"error": str(exc)}), None
     parsed = parse_reflection(sample.text)
-    valid = isinstance(parsed, Reflection)
-    reason = "valid reflection" if valid else parsed
-    if valid and sample.finish_reason == "length":
+    valid = parsed if isinstance(parsed, Reflection) else None
+    reason = "valid reflection" if valid is not None else str(parsed)
+    if valid is not None and sample.finish_reason == "length":
         reason += ", truncated"
     reflection = Attempt(
         **record,
         sample=sample,
-        format_ok=valid,
+        format_ok=valid is not None,
         reason=reason,
         generated_tokens=len(sample.completion_token_ids),
     )
-    return reflection, parsed if valid else None
+    return reflection, valid
 
 
 def wants_retry(attempt: Attempt, reflection: Reflection | None) -> bool:

@@ -3,7 +3,10 @@ after collection (the advantages a round gave, feedback on captured traffic)."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from sqlalchemy import (
+    Table,
     bindparam,
     select,
     update,
@@ -19,6 +22,7 @@ from memory.models import (
     VerdictRow,
 )
 from memory.records import (
+    FULL_REWARD,
     Group,
     GroupPurpose,
     Segment,
@@ -115,7 +119,7 @@ def set_advantages(
         if (index, kind) in advantages
     ]
     if values:
-        table = SegmentRow.__table__
+        table = cast(Table, SegmentRow.__table__)
         statement = (
             update(table)
             .where(table.c.attempt_id == bindparam("attempt"), table.c.loss == "policy")
@@ -133,7 +137,7 @@ def record_feedback(session: Session, task_id: str, score: float, reason: str) -
         raise NotFound(f"unknown capture id {task_id!r}")
     attempt = group.attempts[0]
     attempt.reward = score
-    attempt.correct = score >= 1.0
+    attempt.correct = score >= FULL_REWARD
     attempt.reason = reason
     verdict = attempt.verdict or VerdictRow(attempt_id=attempt.id, feedback=[], format_ok=True)
     verdict.verifier, verdict.score, verdict.correct = "feedback", score, attempt.correct

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
+import psycopg
 from sqlalchemy import (
     JSON,
+    Table,
     select,
 )
 from sqlalchemy.orm import Session
@@ -27,6 +29,7 @@ from memory.database import insert_for
 from memory.library import fingerprint
 from memory.models import (
     AttemptRow,
+    Base,
     ReflectionRow,
     RolloutGroupRow,
     SegmentRow,
@@ -93,7 +96,7 @@ def _save_attempts(session: Session, groups: list[tuple[int, Group]]) -> None:
     if not rows:
         return
     new = _insert_attempts(session, rows)
-    parts: dict[type, list[dict[str, Any]]] = {SegmentRow: [], StepRow: [], VerdictRow: []}
+    parts: dict[type[Base], list[dict[str, Any]]] = {SegmentRow: [], StepRow: [], VerdictRow: []}
     parts[ReflectionRow] = []
     for group_id, group in groups:
         for attempt in group.attempts:
@@ -102,7 +105,7 @@ def _save_attempts(session: Session, groups: list[tuple[int, Group]]) -> None:
                 _attempt_parts(attempt_id, attempt, group.taskset, parts)
     for model, values in parts.items():
         if values:
-            _bulk_insert(session, model.__table__, values)
+            _bulk_insert(session, cast(Table, model.__table__), values)
 
 
 def _insert_attempts(session: Session, rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], int]:
@@ -120,7 +123,7 @@ def _insert_attempts(session: Session, rows: list[dict[str, Any]]) -> dict[tuple
         "ON CONFLICT DO NOTHING RETURNING id, group_id, sample_index, kind"
     )
     new = {}
-    with session.connection().connection.cursor() as cursor:
+    with cast(psycopg.Cursor[Any], session.connection().connection.cursor()) as cursor:
         cursor.executemany(query, list(values), returning=True)
         while True:
             for id_, *key in cursor.fetchall():
@@ -157,7 +160,7 @@ def _bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> No
     else:
         marks = ", ".join("?" * len(names))
         statement = f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({marks})"
-        cursor.executemany(statement, values)
+        cursor.executemany(statement, list(values))
     cursor.close()
 
 

@@ -43,11 +43,15 @@ Embed = Callable[[list[str]], list[bytes]]
 TRACKED = ("text", "source", "evidence", "utility", "exposures", "negative_windows", "status")
 
 
+def _per_zone(do: int, avoid: int) -> dict[Zone, int]:
+    return {"do": do, "avoid": avoid}
+
+
 class LibrarySettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rate_limit: dict[Zone, int] = Field(default_factory=lambda: {"do": 10, "avoid": 5})
-    capacity: dict[Zone, int] = Field(default_factory=lambda: {"do": 100, "avoid": 50})
+    rate_limit: dict[Zone, int] = Field(default_factory=lambda: _per_zone(10, 5))
+    capacity: dict[Zone, int] = Field(default_factory=lambda: _per_zone(100, 50))
     decay: float = Field(0.9, ge=0.0, le=1.0)
     exploration: float = Field(0.5, ge=0.0)
     protect_exposures: int = Field(3, ge=0)
@@ -94,7 +98,7 @@ def admit(
         elif new[candidate.zone] >= settings.rate_limit[candidate.zone]:
             report.refused.append((candidate.text, "rate limit"))
             entry_id = None
-        elif (trimmed := _make_room(session, candidate, settings)) is False:
+        elif (trimmed := _make_room(session, candidate, settings)) is None:
             report.refused.append((candidate.text, "level full of protected entries"))
             entry_id = None
         else:
@@ -170,7 +174,7 @@ def embeddings(session: Session, entry_ids: list[int]) -> dict[int, bytes]:
     query = select(ExperienceEntryRow.id, ExperienceEntryRow.embedding).where(
         ExperienceEntryRow.id.in_(entry_ids), ExperienceEntryRow.embedding.is_not(None)
     )
-    return {entry_id: vector for entry_id, vector in session.execute(query)}
+    return {entry_id: vector for entry_id, vector in session.execute(query) if vector is not None}
 
 
 def events(session: Session, entry_id: int) -> list[LibraryEvent]:
@@ -261,8 +265,9 @@ def _add(session: Session, candidate: Guidance, embed: Embed | None) -> int:
 
 def _make_room(
     session: Session, candidate: Guidance, settings: LibrarySettings
-) -> list[int] | bool:
-    """Trim the candidate's level down to capacity - 1; False if only protected entries remain."""
+) -> list[int] | None:
+    """Trim the candidate's level down to capacity - 1; the trimmed ids, or None if only
+    protected entries remain."""
     level = list(
         session.scalars(
             select(ExperienceEntryRow).filter_by(
@@ -279,7 +284,7 @@ def _make_room(
     total = sum(row.exposures for row in level)
     unprotected = [row for row in level if row.exposures >= settings.protect_exposures]
     if len(unprotected) < excess:
-        return False
+        return None
     ranked = sorted(unprotected, key=lambda row: _rank(row, total, settings))
     trimmed = []
     for row in ranked[:excess]:

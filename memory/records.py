@@ -124,7 +124,8 @@ class Attempt(Record):
     @classmethod
     def failed(cls, error: str, **fields: Any) -> Attempt:
         """An attempt whose policy call failed: recorded with the reason, reward 0."""
-        values = {"sample": None, "reward": 0.0, "correct": False, "format_ok": False}
+        values: dict[str, Any] = {"sample": None, "reward": 0.0, "correct": False}
+        values |= {"format_ok": False}
         values |= {"answer": None, "reason": "policy call failed", "error": error}
         return cls(**values | fields)
 

@@ -83,7 +83,7 @@ def segment_record(row: SegmentRow) -> Segment:
         index=row.segment_index,
         step_index=row.step_index,
         start=row.start,
-        loss=row.loss,  # type: ignore[arg-type]
+        loss=row.loss,
         token_ids=trajectory.unpack_ids(row.token_ids),
         logprobs=trajectory.unpack_floats(row.logprobs),
         temperature=row.temperature,
@@ -122,7 +122,7 @@ def group_record(row: RolloutGroupRow) -> Group:
     return Group(
         id=row.id,
         round_index=row.round_index,
-        purpose=row.purpose,  # type: ignore[arg-type]
+        purpose=row.purpose,
         task_id=row.task_id,
         taskset=row.taskset,
         question=row.question,

@@ -50,7 +50,7 @@ def segments(attempt: Attempt) -> list[Segment]:
     if not any(start < pivot < end for start, end in spans):
         cuts.add(min(pivot, len(ids)))
     ends, forced_starts, first_policy = _step_ends(attempt), {s for s, _ in spans}, True
-    pieces = []
+    pieces: list[Segment] = []
     bounds = sorted(cuts)
     for start, end in zip(bounds, bounds[1:], strict=False):
         # No cut falls inside a span, so a piece starting where a span starts is that span.

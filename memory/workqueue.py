@@ -22,8 +22,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
-from sqlalchemy import Engine, and_, func, or_, select, text, update
+from sqlalchemy import CursorResult, Engine, Update, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from memory.database import insert_for, transaction
@@ -105,7 +106,7 @@ def renew(
         )
         .values(lease_expires_at=now + lease_s)
     )
-    return session.execute(statement).rowcount or 0
+    return _rowcount(session, statement)
 
 
 def complete(session: Session, item_id: int) -> bool:
@@ -116,7 +117,7 @@ def complete(session: Session, item_id: int) -> bool:
         .where(WorkItemRow.id == item_id, WorkItemRow.state != "done")
         .values(state="done", lease_expires_at=None)
     )
-    return bool(session.execute(statement).rowcount)
+    return bool(_rowcount(session, statement))
 
 
 def give_back(
@@ -159,7 +160,7 @@ def requeue_failed(session: Session, round_index: int, purpose: GroupPurpose, ve
         )
         .values(state="queued", failures=0, not_before=None)
     )
-    return session.execute(statement).rowcount or 0
+    return _rowcount(session, statement)
 
 
 def failed(
@@ -182,7 +183,7 @@ def release(session: Session, owners: list[str]) -> int:
         .where(WorkItemRow.owner.in_(owners), WorkItemRow.state == "claimed")
         .values(state="queued", owner=None, lease_expires_at=None)
     )
-    return session.execute(statement).rowcount or 0
+    return _rowcount(session, statement)
 
 
 def claim_holders(session: Session) -> list[str]:
@@ -213,3 +214,9 @@ def queue_depth(session: Session) -> int:
     """Items waiting or claimed, over all batches."""
     query = select(func.count()).where(WorkItemRow.state.in_(("queued", "claimed")))
     return session.scalar(query) or 0
+
+
+def _rowcount(session: Session, statement: Update) -> int:
+    """Rows an UPDATE changed."""
+    result = cast(CursorResult[Any], session.execute(statement))
+    return result.rowcount or 0

@@ -1,1 +1,8 @@
+"""trainer: TRL training rounds on stored groups (imports torch: load it only to train).
 
+Public surface:
+- `trainer.round.train_round`, `RoundResult`: one round, resumable, published atomically.
+- `trainer.settings.TrainSettings`: a round's hyperparameters (no torch needed).
+- `trainer.dataset`: rows on the sampled token ids (`build_rows`, `member_advantages`).
+- `trainer.advantages`: GRPO, R3L and RLTLDR advantages. `trainer.errors.TrainerError`.
+"""

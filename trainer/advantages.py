@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import statistics
 
-from memory.records import AdvantageMode
+from memory.records import FULL_REWARD, AdvantageMode
 
 EPS = 1e-6
-SUCCESS = 1.0
 
 
 def advantages(mode: AdvantageMode, rewards_G: list[float], alpha: float = 3.0) -> list[float]:
@@ -41,7 +40,7 @@ def r3l_advantages(rewards_G: list[float], alpha: float = 3.0) -> list[float]:
     advantages_G = []
     for reward in rewards_G:
         shifted = reward - baseline
-        if reward >= SUCCESS:
+        if reward >= FULL_REWARD:
             advantages_G.append(1.0)
         elif shifted >= 0:
             advantages_G.append(alpha * shifted)

@@ -125,7 +125,8 @@ def train_round(
     if resume is None:
         _check_moved(before, _lora_snapshot(trainer.model))
     staging = folders.staging_dir(checkpoint_root, name)
-    trainer.model.save_pretrained(staging)
+    trained: Any = trainer.model  # a PeftModel; transformers types it as any module
+    trained.save_pretrained(staging)
     path = folders.publish(staging, checkpoint_root, name)
     shutil.rmtree(work, ignore_errors=True)
     history = trainer.state.log_history

@@ -13,6 +13,7 @@ import os
 import random
 from collections.abc import Iterable
 from functools import cache
+from typing import Protocol
 
 import anyio
 
@@ -32,7 +33,21 @@ CODE_PROMPT = (
     "You are a careful Python programmer. Reply with the requested function in one "
     "```python code block, with no tests or prints."
 )
-CODE_SETS = {coding.TASKSET: coding, humaneval.TASKSET: humaneval}
+
+
+class CodeSet(Protocol):
+    """What a code task set module offers (`verifiers.coding`, `verifiers.humaneval`)."""
+
+    def eval_tasks(self, count: int) -> list[Task]: ...
+
+    def train_tasks(self, count: int, seed: int) -> list[Task]: ...
+
+    def worked_example(self) -> tuple[str, str]: ...
+
+    def verify(self, task: Task, completion: str) -> Verdict: ...
+
+
+CODE_SETS: dict[str, CodeSet] = {coding.TASKSET: coding, humaneval.TASKSET: humaneval}
 ENVIRONMENTS: dict[str, type[GuessingGame] | type[Ledger]] = {
     "guess": GuessingGame,
     "ledger": Ledger,

@@ -143,7 +143,7 @@ class Ledger:
     def _call(self, call: dict[str, Any]) -> dict[str, Any] | Observation:
         function = call.get("function") or {}
         name, raw = function.get("name"), function.get("arguments") or "{}"
-        if name not in SCHEMAS:
+        if not isinstance(name, str) or name not in SCHEMAS:
             return _end(self, EpisodeStatus.INVALID, f"unknown tool {name!r}")
         if not isinstance(raw, str) or len(raw) > MAX_ARGUMENTS:
             return _end(self, EpisodeStatus.INVALID, "arguments missing or too long")

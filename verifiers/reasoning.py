@@ -25,7 +25,7 @@ import reasoning_gym
 from verifiers.answer import extract_answer
 from verifiers.errors import VerifierError
 from verifiers.task import Split, Task
-from verifiers.verdict import Verdict
+from verifiers.verdict import FULL_REWARD, Verdict
 
 UNFORMATTED_CREDIT = 0.5
 EVAL_SEED = 1_000_003
@@ -130,7 +130,7 @@ def _correct(task: Task, answer: str) -> bool:
         return math_equivalent(task.answer, answer)
     dataset = _dataset(task.taskset, size=1, seed=0)
     entry = {"question": task.question, "answer": task.answer, "metadata": {}}
-    return dataset.score_answer(answer, entry) >= 1.0
+    return bool(dataset.score_answer(answer, entry) >= FULL_REWARD)
 
 
 def math_equivalent(gold: str, answer: str) -> bool:

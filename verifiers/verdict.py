@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+FULL_REWARD = 1.0  # a complete, correct answer; the same value as memory.records.FULL_REWARD
+
 
 class Verdict(BaseModel):
     """Score and reasons for one completion.

@@ -32,6 +32,7 @@ from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
+from flows.table import text_table  # noqa: E402
 from memory.records import FIRST_KINDS, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
@@ -154,11 +155,7 @@ def print_table(result: dict[str, Any]) -> None:
                 str(f["errors"]),
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print(text_table(rows[0], rows[1:]))
     s = result["settings"]
     print(
         f"\n{s['tasks']} {s['taskset']} tasks, {s['budget']} generated tokens per task, groups of "

@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from smollm2_server import smollm2_server  # noqa: E402
 
+from flows.table import text_table  # noqa: E402
+
 ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"train": {"mode": "grpo"}},
     "r3l": {"reflect_retry": True, "halve_group": True, "train": {"mode": "r3l"}},
@@ -137,11 +139,7 @@ def print_table(result: dict[str, Any]) -> None:
             [arm, *cells, f"{last_format:.2f}" if last_format is not None else "-",
              str(curve["rollouts"]), f"{curve['seconds'] / 60:.1f}"]
         )  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print(text_table(rows[0], rows[1:]))
     s = result["settings"]
     print(
         f"\nheld-out pass@1 (greedy, no guidance) on {s['eval_tasks']} tasks after each round; "

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from flows import admin, arguments, export, flags, inspection, launch
 from flows.errors import FlowError
@@ -50,9 +50,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flywheel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="flywheel",
+        description="A data flywheel for LLM agents: collect, verify, remember, train, serve.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    _run_command(commands)
+    _serve_model_command(commands)
+    _serve_command(commands)
+    _export_command(commands)
+    _worker_command(commands)
+    _gateway_command(commands)
+    _promote_command(commands)
+    _rollback_command(commands)
+    _status_command(commands)
+    _lineage_command(commands)
+    _library_command(commands)
+    _strategies_command(commands)
+    _report_command(commands)
+    _sandbox_command(commands)
+    _prepare_model_command(commands)
+    return parser
 
+
+def _run_command(commands: Any) -> None:
     run = commands.add_parser("run", help="run flywheel rounds: collect, train, swap, evaluate")
     flags.add_run_arguments(run)
     _db_arguments(run)
@@ -78,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
     run.set_defaults(handler=launch.run)
 
+
+def _serve_model_command(commands: Any) -> None:
     model_server = commands.add_parser(
         "serve-model", help="run a supervised vLLM server (restarted when it stops generating)"
     )
@@ -93,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     model_server.set_defaults(handler=admin.serve_model)
 
+
+def _serve_command(commands: Any) -> None:
     looped = commands.add_parser(
         "serve",
         help="the continuous loop: Prefect deployments that collect on an interval and train "
@@ -117,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     looped.set_defaults(handler=launch.serve)
 
+
+def _export_command(commands: Any) -> None:
     exporting = commands.add_parser(
         "export", help="training rows (token ids, labels, advantages, weights) as JSON lines"
     )
@@ -139,6 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(exporting)
     exporting.set_defaults(handler=export.export)
 
+
+def _worker_command(commands: Any) -> None:
     collector = commands.add_parser(
         "worker", help="a collection worker: claim queued tasks from the store and collect them"
     )
@@ -161,6 +190,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     collector.set_defaults(handler=launch.worker)
 
+
+def _gateway_command(commands: Any) -> None:
     gateway = commands.add_parser(
         "gateway", help="serve the OpenAI-compatible gateway in front of vLLM servers"
     )
@@ -183,6 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     gateway.set_defaults(handler=admin.gateway)
 
+
+def _promote_command(commands: Any) -> None:
     promote = commands.add_parser("promote", help="point the alias at a version (gated)")
     promote.add_argument("version")
     promote.add_argument("--force", action="store_true", help="skip the evaluation gate")
@@ -190,14 +223,20 @@ def _parser() -> argparse.ArgumentParser:
     _store_arguments(promote)
     promote.set_defaults(handler=admin.promote)
 
+
+def _rollback_command(commands: Any) -> None:
     rollback = commands.add_parser("rollback", help="point the alias back at the previous version")
     _store_arguments(rollback)
     rollback.set_defaults(handler=admin.rollback)
 
+
+def _status_command(commands: Any) -> None:
     status = commands.add_parser("status", help="the serving version, versions, recent rounds")
     _db_arguments(status)
     status.set_defaults(handler=inspection.status)
 
+
+def _lineage_command(commands: Any) -> None:
     lineage = commands.add_parser(
         "lineage", help="the rounds, groups and parents that produced a version"
     )
@@ -208,6 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(lineage)
     lineage.set_defaults(handler=inspection.lineage)
 
+
+def _library_command(commands: Any) -> None:
     lessons = commands.add_parser(
         "library", help="the experience library's lessons, or one lesson's history (--entry)"
     )
@@ -216,6 +257,8 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(lessons)
     lessons.set_defaults(handler=inspection.library)
 
+
+def _strategies_command(commands: Any) -> None:
     strategies = commands.add_parser(
         "strategies", help="success rate per strategy (SGE) over first attempts"
     )
@@ -224,6 +267,8 @@ def _parser() -> argparse.ArgumentParser:
     _db_arguments(strategies)
     strategies.set_defaults(handler=inspection.strategies)
 
+
+def _report_command(commands: Any) -> None:
     report = commands.add_parser(
         "report", help="an HTML page of plots from the store, and its table on stdout"
     )
@@ -233,16 +278,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=inspection.report_html)
 
+
+def _sandbox_command(commands: Any) -> None:
     sandbox = commands.add_parser(
         "sandbox", help="which isolation model-written code gets on this host"
     )
     sandbox.set_defaults(handler=admin.sandbox)
 
+
+def _prepare_model_command(commands: Any) -> None:
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
     prepare.add_argument("--model", default="smollm2", choices=arguments.MODELS)
     prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
     prepare.set_defaults(handler=admin.prepare_model)
-    return parser
 
 
 def _db_arguments(parser: argparse.ArgumentParser) -> None:

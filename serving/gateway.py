@@ -95,9 +95,17 @@ def create_app(
         title="flywheel gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.router = router
-    user = Depends(_key_check(settings, admin=False))
-    admin = Depends(_key_check(settings, admin=True))
     _error_handlers(app)
+    _inference_routes(app, router, client, engine)
+    _admin_routes(app, router)
+    return app
+
+
+def _inference_routes(
+    app: FastAPI, router: Router, client: httpx.AsyncClient, engine: Engine
+) -> None:
+    settings = router.settings
+    user = Depends(_key_check(settings, admin=False))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -111,36 +119,6 @@ def create_app(
             "data": [{"id": n, "object": "model", "owned_by": "flywheel"} for n in names],
         }
 
-    async def proxy(request: Request, route: str) -> Response:
-        body = await _json_body(request)
-        version = router.resolve(body.get("model"))
-        if version is None:
-            raise HTTPException(404, f"model {body.get('model')!r} is not served here")
-        body["model"] = version
-        asked = capture.prepare_request(body) if settings.capture and route == CHAT else None
-        router.inflight[version] += 1
-        try:
-            upstream = await _send(client, router, route, body)
-        except BaseException:
-            router.inflight[version] -= 1
-            raise
-        if body.get("stream"):
-            return _relay(upstream, router, version, engine, body, asked)
-        try:
-            content = await upstream.aread()
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"the model server failed mid-answer: {exc}") from exc
-        finally:
-            await upstream.aclose()
-            router.inflight[version] -= 1
-        if asked is not None and upstream.status_code == 200:
-            return await _recorded(engine, body, content, asked)
-        return Response(
-            content,
-            status_code=upstream.status_code,
-            media_type=upstream.headers.get("content-type"),
-        )
-
     @app.post("/v1/feedback", dependencies=[user])
     async def feedback(body: FeedbackRequest) -> dict[str, str]:
         await anyio.to_thread.run_sync(_save_feedback, engine, body)  # unknown id: 404
@@ -148,11 +126,15 @@ def create_app(
 
     @app.post(CHAT, dependencies=[user])
     async def chat(request: Request) -> Response:
-        return await proxy(request, CHAT)
+        return await _proxy(request, CHAT, router, client, engine)
 
     @app.post("/v1/completions", dependencies=[user])
     async def completions(request: Request) -> Response:
-        return await proxy(request, "/v1/completions")
+        return await _proxy(request, "/v1/completions", router, client, engine)
+
+
+def _admin_routes(app: FastAPI, router: Router) -> None:
+    admin = Depends(_key_check(router.settings, admin=True))
 
     @app.post("/admin/adapters", dependencies=[admin])
     async def load(body: LoadRequest) -> dict[str, Any]:
@@ -177,7 +159,41 @@ def create_app(
     async def state() -> dict[str, Any]:
         return router.state()
 
-    return app
+
+async def _proxy(
+    request: Request, route: str, router: Router, client: httpx.AsyncClient, engine: Engine
+) -> Response:
+    """One inference request: the alias resolved, sent to an answering upstream, relayed
+    (and, with capture on, recorded)."""
+    body = await _json_body(request)
+    version = router.resolve(body.get("model"))
+    if version is None:
+        raise HTTPException(404, f"model {body.get('model')!r} is not served here")
+    body["model"] = version
+    capturing = router.settings.capture and route == CHAT
+    asked = capture.prepare_request(body) if capturing else None
+    router.inflight[version] += 1
+    try:
+        upstream = await _send(client, router, route, body)
+    except BaseException:
+        router.inflight[version] -= 1
+        raise
+    if body.get("stream"):
+        return _relay(upstream, router, version, engine, body, asked)
+    try:
+        content = await upstream.aread()
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"the model server failed mid-answer: {exc}") from exc
+    finally:
+        await upstream.aclose()
+        router.inflight[version] -= 1
+    if asked is not None and upstream.status_code == 200:
+        return await _recorded(engine, body, content, asked)
+    return Response(
+        content,
+        status_code=upstream.status_code,
+        media_type=upstream.headers.get("content-type"),
+    )
 
 
 def _error_handlers(app: FastAPI) -> None:

@@ -22,6 +22,7 @@ def serve_model(args: argparse.Namespace) -> int:
         model_path=model_path,
         served_name=model_path.name,
         port=args.port,
+        weights=args.weights,
         log_path=args.workdir / "logs" / f"vllm-{args.port}.log",
     )
     stop = threading.Event()

@@ -114,6 +114,13 @@ def _serve_model_command(commands: Any) -> None:
         default=10.0,
         help="seconds between generation probes (default 10)",
     )
+    model_server.add_argument(
+        "--weights",
+        choices=("lora", "merged"),
+        default="lora",
+        help="serve new versions as LoRA adapters (default), or merged weights reloaded in "
+        "place (vLLM's dev routes, on loopback only)",
+    )
     model_server.set_defaults(handler=admin.serve_model)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 from prefect import get_run_logger
 from pydantic import BaseModel, ConfigDict
@@ -59,13 +60,23 @@ def _figures(groups: list[Group], expected: int) -> Evaluation:
 
 
 async def baseline(
-    settings: RunSettings, server_url: str, base_name: str, seconds: dict[str, float]
+    settings: RunSettings,
+    server_url: str,
+    base_name: str,
+    base_model: Path,
+    seconds: dict[str, float],
 ) -> tuple[list[Task], Evaluation]:
-    """The held-out tasks and the base model's figures. The base model is recorded (and
-    promoted if nothing is); its groups, once stored, are read back, not sampled again."""
+    """The held-out tasks and the base model's figures. The base model is recorded, with its
+    folder (the weights a merged-weights server goes back to), and promoted if nothing is; its
+    groups, once stored, are read back, not sampled again."""
     db = engine(settings.db_url)
+    folder = str(base_model)  # an absolute path: the launcher resolved it
     with store.transaction(db) as session:
-        store.save_policy_version(session, PolicyVersion(name=base_name, base_model=base_name))
+        store.save_policy_version(
+            session, PolicyVersion(name=base_name, base_model=base_name, weights_path=folder)
+        )
+        if store.policy_version(session, base_name).weights_path is None:  # an older store
+            store.set_weights_path(session, base_name, folder)
         if store.promoted_policy(session) is None:
             store.set_promoted(session, base_name, True)
         base = store.policy_version(session, base_name)

@@ -32,6 +32,7 @@ FLAGGED = (
     "reviewer_url",
     "reviewer_model",
     "library",
+    "weights",
     "outcome.bonus",
     "outcome.repeat_penalty",
     "train.mode",

@@ -36,7 +36,9 @@ async def flywheel_run(
     settings: RunSettings, server_url: str, base_name: str, base_model_path: str
 ) -> RunSummary:
     clock = rounds.Clock()
-    held_out, base = await evaluation.baseline(settings, server_url, base_name, clock.seconds)
+    held_out, base = await evaluation.baseline(
+        settings, server_url, base_name, Path(base_model_path), clock.seconds
+    )
     summary = RunSummary(
         base_model=base_name,
         taskset=settings.taskset,
@@ -59,7 +61,9 @@ async def collect_batch(
     """The loop's collection deployment: one batch of train tasks from the promoted version,
     for the next round; a fresh batch of tasks each time. Returns the groups collected."""
     clock = rounds.Clock()
-    held_out, _ = await evaluation.baseline(settings, server_url, base_name, clock.seconds)
+    held_out, _ = await evaluation.baseline(
+        settings, server_url, base_name, Path(base_model_path), clock.seconds
+    )
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
     with store.transaction(stages.engine(settings.db_url)) as session:
         have = len(store.load_groups(session, "train", ctx.round_index, ctx.current.name))
@@ -84,7 +88,9 @@ async def train_when_ready(
     """The loop's training deployment: once the next round has `min_groups` complete groups
     (or was interrupted while training), train, swap, evaluate and promote."""
     clock = rounds.Clock()
-    held_out, _ = await evaluation.baseline(settings, server_url, base_name, clock.seconds)
+    held_out, _ = await evaluation.baseline(
+        settings, server_url, base_name, Path(base_model_path), clock.seconds
+    )
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
     with store.transaction(stages.engine(settings.db_url)) as session:
         record = store.training_round(session, ctx.round_index)

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     settings = run_settings(args)
     if args.prefect == "local":
         _use_local_prefect(args.workdir, args.prefect_port)
-    model_path = model_folder(args.model, args.workdir)
+    model_path = model_folder(args.model, args.workdir).resolve()
     served_name = model_path.name
     started = time.monotonic()
     if args.server_url:
@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
             model_path=model_path,
             served_name=served_name,
             port=args.port,
+            weights=settings.weights,
             log_path=args.workdir / "logs" / "vllm.log",
         )
         with VllmServer(server_settings) as server, server.supervised():

@@ -1,17 +1,24 @@
-"""Readiness: does the model server generate with the model a stage needs, right now?
+"""Readiness: does the model server generate with the version a stage needs, right now?
 
-1. One generation probe (`serving.probe`) under the version's served name answers it.
-2. A version the store knows as an adapter, which the server no longer lists (it was restarted,
-   by its supervisor or by hand), is loaded again before anything samples from it.
-3. `ensure` waits out an outage: it probes with backoff until the server generates again or
+1. One generation probe (`serving.probe`) answers it.
+2. A LoRA server serves each version under its own name. A version the store knows as an
+   adapter, which the server no longer lists (it was restarted, by its supervisor or by hand),
+   is loaded again before anything samples from it.
+3. A server of merged weights (vLLM's dev routes answer `/weight_info`) serves one version at a
+   time, under its one model name, labelled with the version. Requests ask for that name
+   (`served_as`). Only a flow's stage may swap the weights (`ensure(..., swap=True)`), from the
+   version's merged folder in the store; a worker waits until the label is the version of its
+   batch, so two batches never pull the weights back and forth.
+4. `ensure` waits out an outage: it probes with backoff until the server generates again or
    `wait_s` has passed, then raises `ServerUnavailable` naming the server and the last reason.
    Workers call it before each lot, flows before each stage, so nothing is sampled from a
-   server that is down or serves the wrong model, and nothing is recorded from one.
+   server that is down or serves the wrong weights, and nothing is recorded from one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +29,8 @@ from sqlalchemy import Engine
 from agents.errors import ServerUnavailable
 from memory import store
 from memory.errors import StoreError
-from serving import adapters, probe
+from memory.records import PolicyVersion
+from serving import adapters, probe, weights
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -30,6 +38,7 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 30.0
 MAX_DELAY_S = 10.0
 FRESH_S = 10.0  # a probe this recent answers `ensure` without another
+BASE_LABELS = (None, "default")  # a merged-weights server fresh from its base model
 
 
 class Readiness:
@@ -40,16 +49,24 @@ class Readiness:
         self.server_url = server_url.rstrip("/")
         self.outage_s = outage_s
         self._ok_at: dict[str, float] = {}
+        self._served: dict[str, str] = {}
+        self._swapping = threading.Lock()
 
-    async def ensure(self, model: str, wait_s: float | None = None) -> None:
+    def served_as(self, version: str) -> str:
+        """The model name requests for `version` ask for (its own name, unless the server holds
+        merged weights under one name)."""
+        return self._served.get(version, version)
+
+    async def ensure(self, model: str, wait_s: float | None = None, swap: bool = False) -> None:
         """Return once the server generates with `model`; raise `ServerUnavailable` when it has
-        not within `wait_s` (default: the outage allowance)."""
+        not within `wait_s` (default: the outage allowance). `swap`: a merged-weights server
+        holding other weights is swapped to `model`'s (a flow's stage), else waited for."""
         if time.monotonic() - self._ok_at.get(model, -FRESH_S) < FRESH_S:
             return
         deadline = time.monotonic() + (self.outage_s if wait_s is None else wait_s)
         delay, warned = 1.0, False
         while True:
-            reason = await anyio.to_thread.run_sync(self.check, model)
+            reason = await anyio.to_thread.run_sync(self.check, model, swap)
             if reason is None:
                 if warned:
                     log.warning("%s generates with %s again", self.server_url, model)
@@ -65,28 +82,73 @@ class Readiness:
             await anyio.sleep(delay)
             delay = min(2 * delay, MAX_DELAY_S)
 
-    def check(self, model: str) -> str | None:
-        """One probe (restoring a lost adapter first); None when it generates, else why not."""
+    def check(self, model: str, swap: bool = False) -> str | None:
+        """One probe (restoring lost weights first, where allowed); None when it generates
+        with `model`, else why not."""
+        label = weights.weight_version(self.server_url)
+        if label is not None:
+            reason = self._check_merged(model, label, swap)
+        else:
+            reason = self._check_named(model)
+        if reason is None:
+            self._ok_at[model] = time.monotonic()
+        else:
+            self._ok_at.pop(model, None)
+        return reason
+
+    def _check_named(self, model: str) -> str | None:
         with httpx.Client(base_url=self.server_url, timeout=PROBE_TIMEOUT_S) as client:
             found = probe.generation(client, model)
-            if found.ok:
-                return None
-            if found.status == 404 and self._restore(model):
+            if not found.ok and found.status == 404 and self._restore_adapter(model):
                 found = probe.generation(client, model)
-        if found.ok:
-            self._ok_at[model] = time.monotonic()
-            return None
-        self._ok_at.pop(model, None)
-        return found.reason
+        return None if found.ok else found.reason
 
-    def _restore(self, model: str) -> bool:
-        """Load `model`'s adapter again if the store knows it; whether it was loaded."""
+    def _check_merged(self, model: str, label: str, swap: bool) -> str | None:
+        try:
+            served = adapters.loaded_models(self.server_url)[0]
+        except (httpx.HTTPError, IndexError) as exc:
+            return f"no model listed: {exc}"
+        holds = label == model or (model == served and label in BASE_LABELS)
+        if not holds:
+            if not swap:
+                return f"it holds the weights of {label}, not {model}"
+            if (failure := self._swap_to(model, served)) is not None:
+                return failure
+        self._served[model] = served
+        with httpx.Client(base_url=self.server_url, timeout=PROBE_TIMEOUT_S) as client:
+            found = probe.generation(client, served)
+        return None if found.ok else found.reason
+
+    def _swap_to(self, model: str, served: str) -> str | None:
+        """Reload `model`'s merged weights in place; None when done, else why not."""
+        with self._swapping:
+            version, base = self._version(model), None
+            if version is not None:
+                base = self._version(version.base_model)
+            if version is None or version.weights_path is None:
+                return f"the store has no merged weights for {model}"
+            base_folder = Path(base.weights_path) if base and base.weights_path else None
+            if base_folder is None:
+                return f"the store has no model folder for the base {version.base_model}"
+            target = weights.Served(version=model, folder=Path(version.weights_path))
+            try:
+                report = weights.serve(self.server_url, served, target, base_folder)
+            except (ServingError, httpx.HTTPError) as exc:
+                return f"swapping to {model} failed: {exc}"
+        log.info("%s now holds %s (%.1f s)", self.server_url, model, report.seconds)
+        return None
+
+    def _version(self, name: str) -> PolicyVersion | None:
         try:
             with store.transaction(self.engine) as session:
-                version = store.policy_version(session, model)
+                return store.policy_version(session, name)
         except StoreError:
-            return False
-        if version.adapter_path is None:
+            return None
+
+    def _restore_adapter(self, model: str) -> bool:
+        """Load `model`'s adapter again if the store knows it; whether it was loaded."""
+        version = self._version(model)
+        if version is None or version.adapter_path is None:
             return False
         try:
             adapters.ensure_loaded(self.server_url, model, Path(version.adapter_path))

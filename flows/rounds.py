@@ -16,6 +16,7 @@ evaluate, promote.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -81,7 +82,7 @@ def start(
         round_index = store.next_round_index(session)
         current = store.promoted_policy(session)
     assert current is not None, "the baseline promotes the base model first"
-    if current.adapter_path:
+    if current.adapter_path and settings.weights == "lora":
         ensure_loaded(server_url, current.name, Path(current.adapter_path))
     return RoundContext(
         settings=settings,
@@ -135,13 +136,23 @@ async def train_stage(
         get_run_logger().warning("round %d skipped: %s", ctx.round_index, exc)
         _finish(ctx, record, {"status": "skipped", "metrics": {"reason": str(exc)}})
         return summary.model_copy(update={"note": str(exc), "wall_seconds": seconds})
-    version = _publish(ctx, name, trained, groups)
+    weights_path = None
+    if ctx.settings.weights == "merged":
+        with clock.stage("merge", seconds):
+            merge = stages.within_deadline(stages.merge, ctx.settings)
+            weights_path = merge(ctx.settings, ctx.base_model, trained.adapter_path, name)
+    version = _publish(ctx, name, trained, groups, weights_path)
+    swap = stages.within_deadline(stages.swap, ctx.settings)
     with clock.stage("swap", seconds):
-        swap = stages.within_deadline(stages.swap, ctx.settings)
-        swap(ctx.server_url, name, trained.adapter_path)
+        await swap(ctx.settings, ctx.server_url, version)
     with clock.stage("evaluate", seconds):
         figures = await evaluation.evaluate(ctx.settings, ctx.server_url, ctx.held_out, version)
     promoted = _judge(ctx, record, name, trained, figures)
+    if ctx.settings.weights == "merged":
+        if not promoted:  # the promoted version serves again, not the refused candidate
+            with clock.stage("swap", seconds):
+                await swap(ctx.settings, ctx.server_url, ctx.current)
+        _prune_merged(ctx)
     gained, lost = evaluation.paired(
         stages.engine(ctx.settings.db_url), ctx.base_name, name, ctx.held_out
     )
@@ -210,7 +221,11 @@ def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound
 
 
 def _publish(
-    ctx: RoundContext, name: str, trained: RoundResult, groups: list[Group]
+    ctx: RoundContext,
+    name: str,
+    trained: RoundResult,
+    groups: list[Group],
+    weights_path: str | None,
 ) -> PolicyVersion:
     """Record the new version, and the advantage each trained segment got (for lineage)."""
     version = PolicyVersion(
@@ -218,6 +233,7 @@ def _publish(
         base_model=ctx.current.base_model,
         parent=ctx.current.name,
         adapter_path=trained.adapter_path,
+        weights_path=weights_path,
         round_index=ctx.round_index,
     )
     with store.transaction(stages.engine(ctx.settings.db_url)) as session:
@@ -254,3 +270,19 @@ def _judge(
 def _finish(ctx: RoundContext, record: TrainingRound, update: dict[str, object]) -> None:
     with store.transaction(stages.engine(ctx.settings.db_url)) as session:
         store.save_training_round(session, record.model_copy(update=update))
+
+
+def _prune_merged(ctx: RoundContext) -> None:
+    """Keep the newest `keep_merged` merged folders, and those of the serving version and its
+    rollback target; remove the others (the adapters stay, the versions' compact records)."""
+    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+        kept = {v.name for v in store.promoted_history(session)[:2]}
+        merged = [v for v in store.policy_versions(session) if v.weights_path and v.adapter_path]
+        newest = sorted(merged, key=lambda v: v.round_index)[-ctx.settings.keep_merged :]
+        kept |= {v.name for v in newest}
+        for version in merged:
+            if version.name in kept or version.weights_path is None:
+                continue
+            shutil.rmtree(version.weights_path, ignore_errors=True)
+            store.set_weights_path(session, version.name, None)
+            log.info("merged weights of %s removed (its adapter stays)", version.name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -52,6 +52,14 @@ class RunSettings(BaseModel):
     )
     library_k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
+    weights: Literal["merged", "lora"] = Field(
+        "lora",
+        description="how new versions are served: merged weights reloaded in place, or LoRA "
+        "adapters",
+    )
+    keep_merged: int = Field(
+        3, ge=1, description="merged folders kept besides the serving and rollback versions"
+    )
     outage_s: float = Field(
         300.0, gt=0, description="how long the model server may stay down before a run stops"
     )
@@ -70,6 +78,10 @@ class RunSettings(BaseModel):
     @property
     def checkpoint_root(self) -> Path:
         return self.workdir / "adapters"
+
+    @property
+    def merged_root(self) -> Path:
+        return self.workdir / "merged"
 
     def collect_settings(self) -> CollectSettings:
         return CollectSettings(

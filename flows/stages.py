@@ -5,9 +5,11 @@
    stage, so a batch is complete or it is an error, never a partial answer.
 2. `curate` grows the experience library from a round's valid insights and improved retries.
 3. `train` runs one TRL round on complete groups and publishes the adapter.
-4. `swap` serves the new version; it is the one stage Prefect retries (twice, 5 s then 30 s),
-   because loading an adapter that is already served is a no-op. Collection is retried by the
-   work queue, per task; training by running again, from the trainer's last save.
+4. `merge` folds the round's adapter into the base weights (merged mode); `swap` serves the
+   new version, as an adapter or as merged weights reloaded in place. It is the one stage
+   Prefect retries (twice, 5 s then 30 s), because serving what is already served is a no-op.
+   Collection is retried by the work queue, per task; training by running again, from the
+   trainer's last save.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import TypeVar
 
+import anyio
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
@@ -69,7 +72,7 @@ async def collect(
     db = engine(settings.db_url)
     batch = (round_index, purpose, version)
     shaping = settings.outcome if purpose == "train" else None
-    await Readiness(db, server_url, settings.outage_s).ensure(version)
+    await Readiness(db, server_url, settings.outage_s).ensure(version, swap=True)
     with store.transaction(db) as session:
         done = {g.task_id for g in store.load_groups(session, purpose, round_index, version)}
     todo = [t for t in tasks if t.task_id not in done]
@@ -196,7 +199,23 @@ def train(
     )
 
 
+@task(cache_policy=NO_CACHE)
+def merge(settings: RunSettings, base_model: Path, adapter_path: str, name: str) -> str:
+    """The version's merged weights, published beside the adapter (a no-op when published)."""
+    from trainer.merge import merge_version
+
+    return str(merge_version(base_model, Path(adapter_path), settings.merged_root, name))
+
+
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
-def swap(server_url: str, name: str, adapter_path: str) -> None:
-    """Serve the new version; a no-op when a resumed round finds it already served."""
-    ensure_loaded(server_url, name, Path(adapter_path))
+async def swap(settings: RunSettings, server_url: str, version: PolicyVersion) -> None:
+    """Serve the new version: its adapter hot-loaded, or its merged weights reloaded in place;
+    a no-op when a resumed round finds it already served."""
+    if settings.weights == "lora":
+        assert version.adapter_path is not None
+        await anyio.to_thread.run_sync(
+            ensure_loaded, server_url, version.name, Path(version.adapter_path)
+        )
+        return
+    readiness = Readiness(engine(settings.db_url), server_url, settings.outage_s)
+    await readiness.ensure(version.name, swap=True)

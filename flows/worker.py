@@ -215,7 +215,7 @@ async def _collect_lot(
         await collect_groups(
             client,
             [plan.task for _, plan in plans.values()],
-            model=first.policy_version,
+            model=readiness.served_as(first.policy_version),
             round_index=first.round_index,
             purpose=first.purpose,
             settings=first_plan.sampling,
@@ -267,7 +267,7 @@ def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> in
     """Store the group, with the plan it was collected under, and finish its item in one
     transaction; 1 if the group was new."""
     conditioning = {key: value for key, value in item.plan.items() if key != "task"}
-    group = group.model_copy(update={"plan": conditioning})
+    group = _as_version(group, item.policy_version).model_copy(update={"plan": conditioning})
     with store.transaction(engine) as session:
         if plan.outcome is not None and plan.outcome.enabled:
             counts = store.outcome_counts(session, group.task_id)
@@ -281,6 +281,15 @@ def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> in
         assert item.id is not None
         workqueue.complete(session, item.id)
     return int(new)
+
+
+def _as_version(group: Group, version: str) -> Group:
+    """The group recorded under the version that sampled it (a merged-weights server answers
+    under its one model name, whatever version it holds)."""
+    if group.policy_version == version:
+        return group
+    attempts = [a.model_copy(update={"policy_version": version}) for a in group.attempts]
+    return group.model_copy(update={"policy_version": version, "attempts": attempts})
 
 
 def experience_gain(group: Group) -> float:

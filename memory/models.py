@@ -40,6 +40,7 @@ class PolicyVersionRow(Base):
     base_model: Mapped[str] = mapped_column(String(500))
     parent: Mapped[str | None] = mapped_column(String(200))
     adapter_path: Mapped[str | None] = mapped_column(Text)
+    weights_path: Mapped[str | None] = mapped_column(Text)
     round_index: Mapped[int] = mapped_column(Integer, default=0)
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
     promoted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -66,12 +66,14 @@ class SamplingSettings(Record):
 
 
 class PolicyVersion(Record):
-    """A servable policy: the base model, or a LoRA adapter trained in some round."""
+    """A servable policy: the base model, or a LoRA adapter trained in some round, with its
+    merged weights (a full model folder) when the run serves merged versions."""
 
     name: str
     base_model: str
     parent: str | None = None
     adapter_path: str | None = None
+    weights_path: str | None = None
     round_index: int = 0
     promoted: bool = False
     promoted_at: datetime | None = None

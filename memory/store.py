@@ -58,6 +58,7 @@ from memory.versions import (
     record_evaluation,
     save_policy_version,
     set_promoted,
+    set_weights_path,
 )
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "save_training_round",
     "set_advantages",
     "set_promoted",
+    "set_weights_path",
     "strategy_stats",
     "training_round",
     "training_rounds",

@@ -80,3 +80,9 @@ def policy_row(session: Session, name: str) -> PolicyVersionRow:
     if row is None:
         raise NotFound(f"unknown policy version {name!r}")
     return row
+
+
+def set_weights_path(session: Session, name: str, path: str | None) -> None:
+    """Record (or forget, with None) where a version's merged weights are."""
+    policy_row(session, name).weights_path = path
+    session.flush()

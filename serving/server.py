@@ -1,8 +1,11 @@
 """The vLLM server process: start it from its own environment, prove it generates, stop it.
 
 1. The server runs from a separate Python environment (vLLM's pins conflict with Prefect's), as
-   `python -m vllm.entrypoints.openai.api_server`, bound to loopback, with LoRA enabled so that
-   new adapters can be hot-loaded under new names.
+   `python -m vllm.entrypoints.openai.api_server`, bound to loopback. It serves new versions
+   either as LoRA adapters hot-loaded under new names (`weights="lora"`), or as merged weights
+   reloaded in place through vLLM's dev-mode routes (`weights="merged"`, `serving.weights`),
+   which leaves LoRA off and the model on its fast path. A restarted server starts from the base
+   weights; whoever needs a version serves it again (`flows.readiness`).
 2. Healthy means `/health` answers 200 *and* a 1-token generation succeeds: a dead engine can still
    answer some routes. A probe that times out on a busy server still counts as alive when the
    engine's generated-token counter (`/metrics`) moved since the last probe.
@@ -23,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -46,6 +50,7 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8011
     dtype: str = "float32"
+    weights: Literal["lora", "merged"] = "lora"
     max_model_len: int = 2048
     max_lora_rank: int = 16
     max_loras: int = 4
@@ -102,6 +107,8 @@ class VllmServer:
             raise ServingError(f"model server interpreter {s.python} not found (run `make setup`)")
         if not s.model_path.is_dir():
             raise ServingError(f"model folder {s.model_path} not found")
+        if s.weights == "merged" and s.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ServingError("merged weights need vLLM's dev routes: bind the server to loopback")
         ensure_port_free(s.host, s.port)
         s.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting vLLM on %s (log: %s)", s.url, s.log_path)
@@ -241,6 +248,14 @@ class VllmServer:
             s.dtype,
             "--max-model-len",
             str(s.max_model_len),
+            *self._lora_flags(),
+        ]
+
+    def _lora_flags(self) -> list[str]:
+        s = self.settings
+        if s.weights == "merged":
+            return []
+        return [
             "--enable-lora",
             "--max-lora-rank",
             str(s.max_lora_rank),
@@ -252,6 +267,8 @@ class VllmServer:
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.kv_cache_gib))
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.settings.weights == "merged":  # in-place reload; the server is bound to loopback
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         return env
 

@@ -1,0 +1,178 @@
+"""Sampling benchmark: a new version served as merged weights against LoRA and the base model.
+
+On one CPU vLLM server with merged weights (dev routes, no LoRA, torch.compile on), then on one
+with LoRA enabled, at the same concurrency and the same requests:
+(a) completion tokens/s from the base model, from a newest version served as merged weights,
+    and from the same version served as a LoRA adapter (rank 16 on all linear layers, as the
+    trainer makes them); the ratio newest/base is the goal (at least 0.9);
+(b) swap time, p50 and p99, over `--swaps` in-place reloads between two merged versions;
+(c) failed requests of a steady load during those swaps (goal 0).
+The versions are random LoRA adapters of the real model merged by the trainer's own code:
+speed depends on how a version is served, not on its values.
+
+    .venv/bin/python bench/sampling.py [--model smollm2|tiny] [--swaps 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.chaos import random_adapter  # noqa: E402
+from flows.table import text_table  # noqa: E402
+from serving import weights  # noqa: E402
+from serving.adapters import ensure_loaded  # noqa: E402
+from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
+from serving.server import ServerSettings, VllmServer  # noqa: E402
+from trainer.merge import merge_version  # noqa: E402
+
+PROMPT = "Count from one to twenty in words."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument("--port", type=int, default=8061)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    result = measure(args)
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    models = ROOT / ".flywheel" / "models"
+    base = prepare_smollm2(models)
+    if args.model == "tiny":
+        base = prepare_tiny_llama(models, base)
+    work = Path(tempfile.mkdtemp(prefix="sampling-"))
+    versions = {}
+    for name in ("v1", "v2"):
+        adapter = random_adapter(base, work / "adapters", name, std=0.02, modules="all-linear")
+        versions[name] = (adapter, merge_version(base, adapter, work / "merged", name))
+    result: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
+    with server(base, args.port, "merged", work) as url:
+        result["base_tokens_per_s"] = throughput(url, base.name, args)
+        weights.serve(url, base.name, weights.Served(version="v1", folder=versions["v1"][1]), base)
+        result["merged_tokens_per_s"] = throughput(url, base.name, args)
+        result |= swaps(url, base, versions, args.swaps)
+    with server(base, args.port + 1, "lora", work) as url:
+        result["lora_base_tokens_per_s"] = throughput(url, base.name, args)
+        ensure_loaded(url, "v1", versions["v1"][0])
+        result["lora_tokens_per_s"] = throughput(url, "v1", args)
+    result["merged_over_base"] = result["merged_tokens_per_s"] / result["base_tokens_per_s"]
+    result["lora_over_base"] = result["lora_tokens_per_s"] / result["base_tokens_per_s"]
+    return result
+
+
+@contextmanager
+def server(base: Path, port: int, mode: str, work: Path) -> Iterator[str]:
+    """A started, warmed-up server of `mode` ("merged" or "lora"); yields its URL."""
+    settings = ServerSettings(
+        python=ROOT / ".venv-serving" / "bin" / "python",
+        model_path=base,
+        served_name=base.name,
+        port=port,
+        weights=mode,  # type: ignore[arg-type]
+        log_path=work / f"vllm-{mode}.log",
+    )
+    with VllmServer(settings) as running:
+        body = {"model": base.name, "prompt": PROMPT, "max_tokens": 8}
+        httpx.post(f"{running.url}/v1/completions", json=body, timeout=300)  # warm-up
+        yield running.url
+
+
+def throughput(url: str, model: str, args: argparse.Namespace) -> float:
+    """Completion tokens/s of `--requests` requests, `--concurrency` at a time."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 1.0}
+    body |= {"ignore_eos": True}
+
+    def one(_: int) -> int:
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        tokens = sum(pool.map(one, range(args.requests)))
+    return tokens / (time.monotonic() - started)
+
+
+def swaps(url: str, base: Path, versions: dict[str, tuple[Path, Path]], count: int) -> dict:
+    """`count` swaps between the two versions under a steady load of 4 clients."""
+    errors: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+    body = {"model": base.name, "prompt": PROMPT, "max_tokens": 16, "temperature": 1.0}
+
+    def load() -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            while not stop.is_set():
+                try:
+                    response = client.post("/v1/completions", json=body)
+                    if response.status_code != 200:
+                        errors.append(str(response.status_code))
+                except httpx.HTTPError as exc:
+                    errors.append(type(exc).__name__)
+                answered[0] += 1
+
+    clients = [threading.Thread(target=load) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    seconds = []
+    try:
+        for index in range(count):
+            name = ("v2", "v1")[index % 2]
+            target = weights.Served(version=name, folder=versions[name][1])
+            seconds.append(weights.serve(url, base.name, target, base).seconds)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join()
+    ordered = sorted(seconds)
+    return {
+        "swap_p50_s": statistics.median(ordered),
+        "swap_p99_s": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+        "requests_during_swaps": answered[0],
+        "failed_requests_during_swaps": len(errors),
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [
+        ("base model tokens/s (merged-mode server)", f"{result['base_tokens_per_s']:.1f}", ""),
+        ("newest version, merged, tokens/s", f"{result['merged_tokens_per_s']:.1f}", ""),
+        ("newest / base", f"{result['merged_over_base']:.3f}", ">= 0.9"),
+        ("base model tokens/s (LoRA server)", f"{result['lora_base_tokens_per_s']:.1f}", ""),
+        ("newest version, LoRA, tokens/s", f"{result['lora_tokens_per_s']:.1f}", ""),
+        ("LoRA / base", f"{result['lora_over_base']:.3f}", ""),
+        ("swap p50 s", f"{result['swap_p50_s']:.2f}", "< 10"),
+        ("swap p99 s", f"{result['swap_p99_s']:.2f}", "< 10"),
+        ("requests during swaps", str(result["requests_during_swaps"]), ""),
+        ("failed requests during swaps", str(result["failed_requests_during_swaps"]), "0"),
+    ]
+    print(text_table(("metric", "value", "goal"), rows))
+
+
+if __name__ == "__main__":
+    main()

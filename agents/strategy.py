@@ -9,7 +9,10 @@
    tokens, the forced "Answer:" cue and the answer tokens, with the server's logprobs; the
    forced parts are never trained. Should the answer call's prompt ever differ from what the
    strategy call produced, the strategy joins the masked prefix and only the answer is trained.
-3. Strategy reflection: the second half of a group sees the first half's strategies with their
+3. A strategy line that the verifier already accepts as the answer is an answer, not a
+   strategy: the attempt keeps its tokens and reward, but records no strategy, so it is
+   neither shown to later attempts nor counted in the per-strategy statistics.
+4. Strategy reflection: the second half of a group sees the first half's strategies with their
    outcomes, failed ones first ("propose a different one"); those attempts are guided
    (context "strategies") and train as distill copies under the bare prompt.
 """
@@ -23,7 +26,7 @@ from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
 from memory.records import Attempt, Sample, SamplingSettings
-from verifiers.catalog import averify
+from verifiers.catalog import CODE_SETS, averify
 from verifiers.task import Task
 
 PREFIX = "Strategy:"
@@ -92,6 +95,9 @@ async def strategy_attempt(
         return Attempt.failed(str(exc), **base, sampling=sampling)
     verdict = await averify(task, action.text)
     reason = verdict.reason + ("" if exact else ", strategy not token-exact: answer trained only")
+    stated = await states_answer(task, strategy.text)
+    if stated:
+        reason += ", the strategy states the answer"
     if action.finish_reason == "length":
         reason += ", truncated"
     return Attempt(
@@ -101,10 +107,19 @@ async def strategy_attempt(
         generated_tokens=len(strategy.completion_token_ids) + len(action.completion_token_ids),
         reason=reason,
         **verdict.scores(),
-        strategy=strategy.text.strip(),
+        strategy=None if stated else strategy.text.strip(),
         pivot_tokens=pivot,
         forced_spans=[_cue_span(sample, action, len(cue))] if exact else [],
     )
+
+
+async def states_answer(task: Task, strategy: str) -> bool:
+    """Whether the verifier accepts the strategy line itself as the answer: then it is an
+    answer, not a strategy, and is neither shown to later attempts nor counted per strategy.
+    (Code is never run for this: a line is not a program.)"""
+    if task.taskset in CODE_SETS:
+        return False
+    return (await averify(task, strategy)).correct
 
 
 def _cue_span(sample: Sample, action: Sample, cue: int) -> tuple[int, int]:

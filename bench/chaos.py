@@ -241,17 +241,19 @@ def _first_error(engine: Engine, text: str, timeout_s: float) -> float | None:
 
 def error_bursts(url: str, model: str, db_url: str, tasks: int, group_size: int) -> Row:
     """Every inference request gets a 503 for 2 s in each 3 s, three times over, while the
-    batch runs; recovery is counted from the end of the last burst."""
-    proxy = FaultProxy(url, Faults())
+    batch runs (the first burst from its start, however fast the server); recovery is counted
+    from the end of the last burst."""
+    proxy = FaultProxy(url, Faults(error=1.0))
     with proxy.running() as proxied:
         scene = Scene(proxied, model, db_url, tasks, group_size)
         thread = scene.collect(worker_settings(lot_size=4))
         struck = None
-        for _ in range(3):
-            time.sleep(1.0)
-            if not thread.is_alive():
-                break
-            proxy.faults.error = 1.0
+        for burst in range(3):
+            if burst:
+                time.sleep(1.0)
+                if not thread.is_alive():
+                    break
+                proxy.faults.error = 1.0
             time.sleep(2.0)
             proxy.faults.error = 0.0
             struck = time.monotonic()

@@ -1,13 +1,20 @@
-"""Exploration benchmark: tasks solved at an equal budget of generated tokens, per method.
+"""Exploration benchmark: tasks solved at an equal budget, per method, with 95% intervals.
 
-For each method, every task gets groups of attempts until it has used its budget of generated
-tokens (all calls count: strategies, answers, reflections, retries, judges). A task counts as
-solved when a verified success comes before the budget runs out, attempts taken in the order
-they were made, so the last group's overshoot earns nothing. Reported per method: that fraction,
-first-attempt pass@1 (the first unguided attempt of each task) and the tokens spent. Real
-SmolLM2 on the CPU vLLM server.
+For each method, every task gets groups of attempts until it has used its budget of policy
+tokens (strategies, answers, retries; and reflections and judgements when the policy writes
+them). A task counts as solved when a verified success comes before the budget runs out,
+attempts taken in the order they were made, so the last group's overshoot earns nothing.
 
-    .venv/bin/python bench/explore.py [--tasks 32] [--budget 768] [--server-url URL] [--json P]
+With `--reviewer` (a model served beside the policy, each on cores of its own) reflections and
+judgements come from the reviewer, and each method is judged twice: at equal policy tokens
+(reviewer tokens free) and at equal cost, where a reviewer token costs `--reviewer-cost` policy
+tokens (measured by `bench/reviewer.py` on this machine: both servers busy, each on its cores).
+Reported per method: the share solved with Wilson's 95% interval, the paired difference from
+plain sampling on the same tasks with its 95% interval, first-attempt pass@1, and tokens spent.
+Real SmolLM2 on the CPU vLLM server.
+
+    .venv/bin/python bench/explore.py [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
+        [--reviewer-cost C] [--server-url URL] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,20 +32,22 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from smollm2_server import smollm2_server  # noqa: E402
+from intervals import paired_difference, wilson  # noqa: E402
+from smollm2_server import policy_and_reviewer  # noqa: E402
 
 from agents.collector import collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
-from agents.policy import PolicyClient  # noqa: E402
+from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
 from flows.table import text_table  # noqa: E402
-from memory.records import FIRST_KINDS, Group  # noqa: E402
+from memory.records import FIRST_KINDS, Attempt, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
 METHODS: dict[str, dict[str, Any]] = {
     "plain": {},
+    "r3l": {"reflect_retry": True},
     "sge": {"strategy": StrategySettings()},
     "sge+r3l": {"strategy": StrategySettings(), "reflect_retry": True},
     "sge+r3l+insights": {"strategy": StrategySettings(), "reflect_retry": True, "insights": True},
@@ -49,33 +58,58 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--taskset", default="arithmetic")
-    parser.add_argument("--tasks", type=int, default=32)
-    parser.add_argument("--budget", type=int, default=768, help="generated tokens per task")
+    parser.add_argument("--tasks", type=int, default=128)
+    parser.add_argument("--budget", type=int, default=256, help="policy tokens per task")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--reviewer", default=None, help="a reviewer model name or folder")
+    parser.add_argument(
+        "--reviewer-cost",
+        type=float,
+        default=None,
+        help="policy tokens per reviewer token (default: bench/reviewer.py's)",
+    )
     parser.add_argument("--server-url", default=None)
     parser.add_argument("--port", type=int, default=8031)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.reviewer and args.reviewer_cost is None:
+        args.reviewer_cost = measured_cost(parser)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if unknown := set(methods) - set(METHODS):
         parser.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     tasks = train_tasks(args.taskset, args.tasks, seed=7, held_out=[])
-    with smollm2_server(args.server_url, args.port, "vllm-explore.log") as (url, model):
-        results = {m: anyio.run(run_method, m, tasks, args, url, model.name) for m in methods}
+    servers = policy_and_reviewer(args.server_url, args.port, "vllm-explore.log", args.reviewer)
+    with servers as (url, model, reviewer_url, reviewer_model):
+        reviewer = None
+        if reviewer_url and reviewer_model:
+            reviewer = Endpoint(PolicyClient(reviewer_url), reviewer_model)
+        results = {
+            m: anyio.run(run_method, m, tasks, args, url, model.name, reviewer) for m in methods
+        }
     result = {"settings": {k: str(v) for k, v in vars(args).items()}, "methods": results}
     if "plain" in results:
-        base = results["plain"]["solved"]
-        for figures in results.values():
-            figures["solved_vs_plain"] = figures["solved"] / base if base else None
+        compare(results, results["plain"])
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
+def measured_cost(parser: argparse.ArgumentParser) -> float:
+    measured = ROOT / "bench" / "results" / "reviewer.json"
+    if not measured.is_file():
+        parser.error("give --reviewer-cost, or run bench/reviewer.py --json " + str(measured))
+    return float(json.loads(measured.read_text())["reviewer_token_cost"])
+
+
 async def run_method(
-    method: str, tasks: list[Task], args: argparse.Namespace, url: str, model: str
+    method: str,
+    tasks: list[Task],
+    args: argparse.Namespace,
+    url: str,
+    model: str,
+    reviewer: Endpoint | None,
 ) -> dict[str, Any]:
     settings = CollectSettings(
         group_size=args.group_size, temperature=1.0, max_tokens=args.max_tokens, **METHODS[method]
@@ -98,9 +132,10 @@ async def run_method(
                 settings=settings,
                 limiter=limiter,
                 board=board,
+                reviewer=reviewer,
             )
             groups[task.task_id].append(group)
-            used = sum(a.generated_tokens for a in group.attempts)
+            used = sum(a.generated_tokens for a in group.attempts if a.policy_version == model)
             spent[task.task_id] += max(used, 1)
 
     try:
@@ -109,29 +144,57 @@ async def run_method(
                 tg.start_soon(explore, task)
     finally:
         await client.aclose()
-    solved = [solved_within(gs, args.budget) for gs in groups.values()]
+    await reviewer.client.aclose() if reviewer is not None else None
+    cost = args.reviewer_cost or 1.0
+
+    def priced(attempt: Attempt, reviewer_price: float) -> float:
+        price = 1.0 if attempt.policy_version == model else reviewer_price
+        return attempt.generated_tokens * price
+
+    at_tokens = [solved_within(gs, args.budget, lambda a: priced(a, 0.0)) for gs in groups.values()]
+    at_cost = [solved_within(gs, args.budget, lambda a: priced(a, cost)) for gs in groups.values()]
     first = [next((a for a in gs[0].attempts if not a.guided), None) for gs in groups.values()]
     attempts = [a for gs in groups.values() for g in gs for a in g.attempts]
+    reviewer_tokens = sum(a.generated_tokens for a in attempts if a.policy_version != model)
     print(f"[{method}] done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return {
-        "solved": statistics.fmean(solved),
+        "solved_per_task": at_tokens,
+        "solved_at_cost_per_task": at_cost,
+        "solved": statistics.fmean(at_tokens),
+        "solved_interval": wilson(sum(at_tokens), len(at_tokens)),
+        "solved_at_cost": statistics.fmean(at_cost),
+        "solved_at_cost_interval": wilson(sum(at_cost), len(at_cost)),
         "first_attempt_pass_at_1": statistics.fmean(bool(a and a.correct) for a in first),
         "tokens_per_task": statistics.fmean(spent.values()),
+        "reviewer_tokens_per_task": reviewer_tokens / len(tasks),
         "attempts": len(attempts),
         "errors": sum(a.error is not None for a in attempts),
         "seconds": time.monotonic() - started,
     }
 
 
-def solved_within(groups: list[Group], budget: int) -> bool:
-    """A success before `budget` generated tokens: first attempts by slot, then the extras
-    (reflections, retries, insights) in the order they were made."""
-    spent = 0
+def compare(results: dict[str, dict[str, Any]], plain: dict[str, Any]) -> None:
+    """Each method against plain sampling on the same tasks: ratio and paired difference."""
+    for figures in results.values():
+        for key in ("solved", "solved_at_cost"):
+            base = plain[key]
+            figures[f"{key}_vs_plain"] = figures[key] / base if base else None
+            figures[f"{key}_minus_plain"] = paired_difference(
+                figures[f"{key}_per_task" if key == "solved" else "solved_at_cost_per_task"],
+                plain["solved_per_task"],
+            )
+
+
+def solved_within(groups: list[Group], budget: int, price: Any = None) -> bool:
+    """A success before `budget` is spent (`price(attempt)`: by default its generated tokens):
+    first attempts by slot, then the extras (reflections, retries, insights) in the order they
+    were made."""
+    spent = 0.0
     for group in groups:
         ordered = sorted(group.first_attempts, key=lambda a: a.sample_index)
         ordered += [a for a in group.attempts if a.kind not in FIRST_KINDS]
         for attempt in ordered:
-            spent += attempt.generated_tokens
+            spent += price(attempt) if price else attempt.generated_tokens
             if spent > budget:
                 return False
             if attempt.correct:
@@ -140,27 +203,41 @@ def solved_within(groups: list[Group], budget: int) -> bool:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    header = ["method", "solved", "vs plain", "pass@1 first", "tokens/task", "attempts", "errors"]
-    rows = [header]
+    header = ["method", "solved (95% CI)", "vs plain", "minus plain (95% CI)"]
+    header += ["at equal cost", "vs plain", "pass@1 first", "tokens/task", "reviewer/task"]
+    rows = []
     for method, f in result["methods"].items():
-        ratio = f.get("solved_vs_plain")
-        rows.append(
-            [
-                method,
-                f"{f['solved']:.3f}",
-                "-" if ratio is None else f"{ratio:.2f}x",
-                f"{f['first_attempt_pass_at_1']:.3f}",
-                f"{f['tokens_per_task']:.0f}",
-                str(f["attempts"]),
-                str(f["errors"]),
-            ]
-        )
-    print(text_table(rows[0], rows[1:]))
+        rows.append([
+            method,
+            share(f["solved"], f["solved_interval"]),
+            ratio(f.get("solved_vs_plain")),
+            difference(f.get("solved_minus_plain")),
+            share(f["solved_at_cost"], f["solved_at_cost_interval"]),
+            ratio(f.get("solved_at_cost_vs_plain")),
+            f"{f['first_attempt_pass_at_1']:.3f}",
+            f"{f['tokens_per_task']:.0f}",
+            f"{f['reviewer_tokens_per_task']:.0f}",
+        ])  # fmt: skip
+    print(text_table(header, rows))
     s = result["settings"]
     print(
-        f"\n{s['tasks']} {s['taskset']} tasks, {s['budget']} generated tokens per task, groups of "
-        f"{s['group_size']}; solved = at least one verified success (goal: sge+r3l >= 1.3x plain)"
+        f"\n{s['tasks']} {s['taskset']} tasks, {s['budget']} policy tokens per task, groups of "
+        f"{s['group_size']}, reviewer {s['reviewer']} (one token costs {s['reviewer_cost']} policy "
+        "tokens); solved = at least one verified success (goal: a method >= 1.3x plain at equal "
+        "cost)"
     )
+
+
+def share(value: float, interval: tuple[float, float]) -> str:
+    return f"{value:.3f} ({interval[0]:.2f}-{interval[1]:.2f})"
+
+
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def difference(value: tuple[float, float, float] | None) -> str:
+    return "-" if value is None else f"{value[0]:+.3f} ({value[1]:+.2f} to {value[2]:+.2f})"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The model server a benchmark runs against: the one at `--server-url`, or SmolLM2 started here."""
+"""The model servers a benchmark runs against: the policy at `--server-url`, or SmolLM2 started
+here; and optionally a reviewer model beside it, each server on cores of its own."""
 
 from __future__ import annotations
 
@@ -6,25 +7,65 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from serving.model import prepare_smollm2
-from serving.server import ServerSettings, VllmServer
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
+from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores
 
 ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / ".flywheel" / "models"
 
 
 @contextmanager
-def smollm2_server(server_url: str | None, port: int, log_name: str) -> Iterator[tuple[str, Path]]:
-    """Yield (server URL, model folder); a server started here is stopped on exit."""
-    model = prepare_smollm2(ROOT / ".flywheel" / "models")
+def smollm2_server(
+    server_url: str | None,
+    port: int,
+    log_name: str,
+    cpus: str | None = None,
+    weights: str = "lora",
+) -> Iterator[tuple[str, Path]]:
+    """Yield (server URL, model folder); a server started here is stopped on exit. `weights`:
+    "lora" serves trained adapters too, "fixed" only the base model, on its fast path."""
+    model = prepare_smollm2(MODELS)
     if server_url:
         yield server_url, model
         return
-    settings = ServerSettings(
+    settings = _settings(model, port, log_name, cpus, "float32")
+    with VllmServer(settings.model_copy(update={"weights": weights})) as server:
+        yield server.url, model
+
+
+@contextmanager
+def policy_and_reviewer(
+    server_url: str | None, port: int, log_name: str, reviewer: str | None
+) -> Iterator[tuple[str, Path, str | None, str | None]]:
+    """Yield (policy URL, policy folder, reviewer URL, reviewer model name); with `reviewer`
+    (a name in `REVIEWERS` or a model folder) a reviewer server starts beside the policy, each
+    pinned to half the cores, the reviewer in bfloat16 where the CPU computes it."""
+    if reviewer is None:
+        with smollm2_server(server_url, port, log_name, weights="fixed") as (url, model):
+            yield url, model, None, None
+        return
+    folder = Path(reviewer)
+    if reviewer in REVIEWERS:
+        folder = prepare_parted(REVIEWERS[reviewer], MODELS)
+    policy_cpus, reviewer_cpus = split_cores()
+    settings = _settings(folder, port + 1, f"reviewer-{log_name}", reviewer_cpus, cpu_dtype())
+    with (
+        smollm2_server(server_url, port, log_name, policy_cpus, "fixed") as (url, model),
+        VllmServer(settings.model_copy(update={"startup_timeout_s": 600.0})) as server,
+    ):
+        yield url, model, server.url, folder.name
+
+
+def _settings(
+    model: Path, port: int, log_name: str, cpus: str | None, dtype: str
+) -> ServerSettings:
+    return ServerSettings(
         python=ROOT / ".venv-serving" / "bin" / "python",
         model_path=model,
         served_name=model.name,
         port=port,
+        weights="fixed",
+        dtype=dtype,
+        cpus=cpus,
         log_path=ROOT / ".flywheel" / "logs" / log_name,
     )
-    with VllmServer(settings) as server:
-        yield server.url, model

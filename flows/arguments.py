@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 
 from flows.errors import FlowError
+from serving.model import REVIEWERS
 
-MODELS = ("smollm2", "tiny")
+MODELS = ("smollm2", "tiny", *REVIEWERS)
 
 
 DEFAULT_SERVER_PYTHON = Path(".venv-serving/bin/python")
@@ -35,17 +36,19 @@ def writable(path: Path | None, flag: str) -> None:
         raise FlowError(f"{flag} {path} cannot be written: {exc.strerror or exc}") from exc
 
 
-def model_folder(model: str, workdir: Path) -> Path:
-    from serving.model import prepare_smollm2, prepare_tiny_llama
+def model_folder(model: str, workdir: Path, flag: str = "--model") -> Path:
+    from serving.model import prepare_parted, prepare_smollm2, prepare_tiny_llama
 
     cache_dir = workdir / "models"
     if model == "smollm2":
         return prepare_smollm2(cache_dir)
     if model == "tiny":
         return prepare_tiny_llama(cache_dir, prepare_smollm2(cache_dir))
+    if model in REVIEWERS:
+        return prepare_parted(REVIEWERS[model], cache_dir)
     folder = Path(model)
     if not (folder / "config.json").is_file():
-        raise FlowError(f"--model {model!r} is neither {' nor '.join(MODELS)} nor a model folder")
+        raise FlowError(f"{flag} {model!r} is none of {', '.join(MODELS)}, nor a model folder")
     return folder
 
 

@@ -29,6 +29,7 @@ FLAGGED = (
     "sge",
     "reflect_retry",
     "insights",
+    "reviewer",
     "reviewer_url",
     "reviewer_model",
     "library",

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +24,76 @@ def run(args: argparse.Namespace) -> int:
     if args.prefect == "local":
         _use_local_prefect(args.workdir, args.prefect_port)
     model_path = model_folder(args.model, args.workdir).resolve()
-    served_name = model_path.name
+    reviewer_path = None
+    if settings.reviewer is not None:
+        reviewer_path = model_folder(settings.reviewer, args.workdir, "--reviewer").resolve()
     started = time.monotonic()
-    if args.server_url:
-        preflight(settings.db_url, args.server_url, served_name)
-        summary = _run_flow(settings, args.server_url, served_name, model_path)
-    else:
-        from agents.errors import ServerUnavailable
-        from serving.errors import ServingError
-        from serving.server import ServerSettings, VllmServer
-
-        server_settings = ServerSettings(
-            python=args.server_python,
-            model_path=model_path,
-            served_name=served_name,
-            port=args.port,
-            weights=settings.weights,
-            log_path=args.workdir / "logs" / "vllm.log",
-        )
-        with VllmServer(server_settings) as server, server.supervised():
-            server_seconds = time.monotonic() - started
-            try:
-                summary = _run_flow(settings, server.url, served_name, model_path)
-            except ServerUnavailable as exc:
-                log = server_settings.log_path
-                raise ServingError(f"{exc}; {log} ends: {server.log_tail()}") from exc
+    with contextlib.ExitStack() as servers:
+        server_url = args.server_url
+        if server_url:
+            preflight(settings.db_url, server_url, model_path.name)
+        else:
+            server_url = _start(servers, args, model_path, settings.weights, "vllm", reviewer_path)
+        if reviewer_path is not None:
+            url = _start(servers, args, reviewer_path, "fixed", "reviewer", reviewer_path)
+            settings = settings.model_copy(
+                update={"reviewer_url": url, "reviewer_model": reviewer_path.name}
+            )
+        server_seconds = time.monotonic() - started
+        summary = _run_flow(settings, server_url, model_path.name, model_path)
+    if not args.server_url or reviewer_path is not None:  # a server of our own started
         summary.wall_seconds["server_start"] = server_seconds
     summary.wall_seconds["total"] = time.monotonic() - started
     _report(summary, args.summary_json)
     return 0
+
+
+def _start(
+    servers: contextlib.ExitStack,
+    args: argparse.Namespace,
+    model_path: Path,
+    weights: str,
+    name: str,
+    reviewer: Path | None,
+) -> str:
+    """Start and supervise a model server for `model_path` until `servers` closes; its URL.
+
+    With a reviewer beside the policy, each server computes on cores of its own (two vLLM
+    servers on one host otherwise both pin core 0), and the reviewer in bfloat16 where the CPU
+    has it. A server that stays down ends the run with its log's last lines."""
+    from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores
+
+    policy_cpus, reviewer_cpus = split_cores() if reviewer is not None else (None, None)
+    is_reviewer = name == "reviewer"
+    server_settings = ServerSettings(
+        python=args.server_python,
+        model_path=model_path,
+        served_name=model_path.name,
+        port=args.port + 1 if is_reviewer else args.port,
+        weights=weights,
+        dtype=cpu_dtype() if is_reviewer else "float32",
+        cpus=reviewer_cpus if is_reviewer else policy_cpus,
+        log_path=args.workdir / "logs" / f"{name}.log",
+    )
+    server = servers.enter_context(VllmServer(server_settings))
+    servers.enter_context(server.supervised())
+    servers.enter_context(_naming_log(server))
+    return server.url
+
+
+@contextlib.contextmanager
+def _naming_log(server: Any) -> Iterator[None]:
+    """A `ServerUnavailable` for this server becomes a `ServingError` with its log's tail."""
+    from agents.errors import ServerUnavailable
+    from serving.errors import ServingError
+
+    try:
+        yield
+    except ServerUnavailable as exc:
+        if server.url not in str(exc):
+            raise
+        log = server.settings.log_path
+        raise ServingError(f"{exc}; {log} ends: {server.log_tail()}") from exc
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -61,7 +104,16 @@ def serve(args: argparse.Namespace) -> int:
     args.workdir = args.workdir.resolve()
     if args.db is None:
         args.db = f"sqlite:///{args.workdir}/flywheel.db"
-    settings = run_settings(args)
+    if args.weights == "merged":
+        raise FlowError(
+            "flywheel serve serves LoRA versions: with merged weights, its one server would "
+            "answer live traffic with a candidate while evaluating it"
+        )
+    settings = run_settings(args, weights="lora")
+    if settings.reviewer is not None:
+        raise FlowError(
+            "flywheel serve uses a reviewer already running: --reviewer-url, --reviewer-model"
+        )
     model_path = model_folder(args.model, args.workdir).resolve()
     preflight(settings.db_url, args.server_url, model_path.name)
     _use_local_prefect(args.workdir, args.prefect_port)
@@ -138,14 +190,17 @@ class _IdleClock:
 
 
 def preflight(db_url: str, server_url: str, model: str, wait_s: float = 10.0) -> None:
-    """A server named on the command line must generate now: a wrong URL fails at once."""
+    """A server named on the command line must generate now: a wrong URL fails at once. A
+    merged-weights server may hold any version's weights: the first stage swaps them."""
+    from functools import partial
+
     import anyio
 
     from flows.readiness import Readiness
     from memory.store import open_store
 
     readiness = Readiness(open_store(db_url), server_url, outage_s=wait_s)
-    anyio.run(readiness.ensure, model)
+    anyio.run(partial(readiness.ensure, model, any_weights=True))
 
 
 def _run_flow(settings: Any, server_url: str, served_name: str, model_path: Path) -> Any:

@@ -57,16 +57,19 @@ class Readiness:
         merged weights under one name)."""
         return self._served.get(version, version)
 
-    async def ensure(self, model: str, wait_s: float | None = None, swap: bool = False) -> None:
+    async def ensure(
+        self, model: str, wait_s: float | None = None, swap: bool = False, any_weights: bool = False
+    ) -> None:
         """Return once the server generates with `model`; raise `ServerUnavailable` when it has
         not within `wait_s` (default: the outage allowance). `swap`: a merged-weights server
-        holding other weights is swapped to `model`'s (a flow's stage), else waited for."""
+        holding other weights is swapped to `model`'s (a flow's stage), else waited for.
+        `any_weights`: a merged-weights server may hold any version (a preflight)."""
         if time.monotonic() - self._ok_at.get(model, -FRESH_S) < FRESH_S:
             return
         deadline = time.monotonic() + (self.outage_s if wait_s is None else wait_s)
         delay, warned = 1.0, False
         while True:
-            reason = await anyio.to_thread.run_sync(self.check, model, swap)
+            reason = await anyio.to_thread.run_sync(self.check, model, swap, any_weights)
             if reason is None:
                 if warned:
                     log.warning("%s generates with %s again", self.server_url, model)
@@ -82,17 +85,17 @@ class Readiness:
             await anyio.sleep(delay)
             delay = min(2 * delay, MAX_DELAY_S)
 
-    def check(self, model: str, swap: bool = False) -> str | None:
+    def check(self, model: str, swap: bool = False, any_weights: bool = False) -> str | None:
         """One probe (restoring lost weights first, where allowed); None when it generates
         with `model`, else why not."""
         label = weights.weight_version(self.server_url)
         if label is not None:
-            reason = self._check_merged(model, label, swap)
+            reason = self._check_merged(model, model if any_weights else label, swap)
         else:
             reason = self._check_named(model)
-        if reason is None:
+        if reason is None and not any_weights:
             self._ok_at[model] = time.monotonic()
-        else:
+        elif reason is not None:
             self._ok_at.pop(model, None)
         return reason
 

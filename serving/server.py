@@ -50,11 +50,12 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8011
     dtype: str = "float32"
-    weights: Literal["lora", "merged"] = "lora"
+    weights: Literal["lora", "merged", "fixed"] = "lora"  # fixed: one version, no LoRA
     max_model_len: int = 2048
     max_lora_rank: int = 16
     max_loras: int = 4
     kv_cache_gib: int = 2
+    cpus: str | None = None  # cores its compute threads are pinned to, e.g. "0" or "2-3"
     startup_timeout_s: float = 300.0
     probe_timeout_s: float = 15.0
     log_path: Path = Path(".flywheel/logs/vllm.log")
@@ -253,7 +254,7 @@ class VllmServer:
 
     def _lora_flags(self) -> list[str]:
         s = self.settings
-        if s.weights == "merged":
+        if s.weights != "lora":
             return []
         return [
             "--enable-lora",
@@ -270,7 +271,32 @@ class VllmServer:
         if self.settings.weights == "merged":  # in-place reload; the server is bound to loopback
             env["VLLM_SERVER_DEV_MODE"] = "1"
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if self.settings.cpus is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpus
         return env
+
+
+def split_cores() -> tuple[str, str]:
+    """Two disjoint core sets for two servers on this host: the policy's first half (the larger
+    on odd counts), the reviewer's the rest. Left alone, every vLLM CPU server pins core 0."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise ServingError("a reviewer server beside the policy's needs at least 2 cores")
+    half = (len(cores) + 1) // 2
+    return _core_list(cores[:half]), _core_list(cores[half:])
+
+
+def _core_list(cores: list[int]) -> str:
+    return ",".join(str(core) for core in cores)
+
+
+def cpu_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """bfloat16 where the CPU computes it natively (AVX-512 BF16 or AMX), else float32."""
+    try:
+        flags = set(cpuinfo.read_text().split())
+    except OSError:
+        return "float32"
+    return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
 def ensure_port_free(host: str, port: int) -> None:

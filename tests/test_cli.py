@@ -54,7 +54,7 @@ def test_help(command: list[str]) -> None:
         (["--config", "/no/such.toml"], "cannot read config /no/such.toml"),
         (["--db", "mysql://x@h/db"], "unsupported database 'mysql'"),
         (["--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "cannot open database"),
-        (["--model", "/no/such/folder"], "neither smollm2 nor tiny nor a model folder"),
+        (["--model", "/no/such/folder"], "none of smollm2, tiny, qwen2.5-coder-0.5b"),
         (["--summary-json", "/proc/no/s.json"], "--summary-json /proc/no/s.json cannot be written"),
     ],
 )
@@ -333,3 +333,18 @@ def test_a_dead_model_server_ends_run_and_worker_with_one_line(tmp_path: Path, c
     assert err.startswith(f"flywheel: error: the model server at {dead} does not generate with m")
     with store.transaction(store.open_store(db)) as session:
         assert workqueue.progress(session, 1, "train", "m")["queued"] == 1  # given back
+
+
+def test_serve_refuses_merged_weights(tmp_path: Path, capsys) -> None:
+    args = ["serve", "--server-url", "http://127.0.0.1:9", "--workdir", str(tmp_path)]
+    assert main([*args, "--weights", "merged"]) == 2
+    assert "flywheel serve serves LoRA versions" in capsys.readouterr().err
+    assert main([*args, "--reviewer", "qwen2.5-coder-0.5b"]) == 2
+    assert "a reviewer already running" in capsys.readouterr().err
+
+
+def test_a_reviewer_to_serve_and_a_running_one_exclude_each_other(tmp_path: Path, capsys) -> None:
+    args = ["run", "--workdir", str(tmp_path), "--reviewer", "qwen2.5-coder-0.5b"]
+    args += ["--reviewer-url", "http://127.0.0.1:9", "--reviewer-model", "m"]
+    assert main(args) == 2
+    assert "reviewer" in capsys.readouterr().err.strip().splitlines()[-1]

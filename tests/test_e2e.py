@@ -136,6 +136,8 @@ def run_once(tmp_path: Path, *args: str) -> tuple[str, dict]:
     """One `flywheel run` round into a fresh database; returns its URL and the summary."""
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     summary_path = tmp_path / "summary.json"
+    if "--server-url" in args:  # the session's server serves LoRA versions
+        args = (*args, "--weights", "lora")
     code = main(
         [
             "run",
@@ -288,6 +290,7 @@ def test_a_run_killed_while_training_resumes_the_round(
             store.save_group(session, group.model_copy(update=update))
     command = [
         sys.executable, "-m", "flows.cli", "run", "--config", str(config), "--db", db,
+        "--weights", "lora",
         "--workdir", str(tmp_path), "--model", str(tiny_model_path), "--server-url", tiny_server,
         "--rounds", "1", "--tasks", "4", "--group-size", "4", "--eval-tasks", "2",
     ]  # fmt: skip
@@ -424,3 +427,34 @@ def test_a_server_with_the_wrong_model_ends_the_run_with_one_line(
     assert f"{tiny_server} does not generate with {smollm2_path.name}: 404" in err
     with store.transaction(store.open_store(db)) as session:
         assert store.attempt_counts(session) == {}
+
+
+@pytest.mark.slow
+def test_a_reviewer_model_is_served_beside_the_policy(
+    tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    """`flywheel run --reviewer`: a second server, on cores of its own, writes the reflections;
+    both servers are stopped when the run ends."""
+    import shutil
+
+    from serving.server import ensure_port_free
+    from tests.conftest import SERVER_PYTHON
+
+    reviewer = tmp_path / "tiny-reviewer"
+    shutil.copytree(tiny_model_path, reviewer)
+    port = free_port()
+    db, summary = run_once(
+        tmp_path,
+        *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
+        str(tiny_model_path),
+        *("--reviewer", str(reviewer), "--reflect-retry", "1", "--mode", "r3l"),
+        *("--server-python", str(SERVER_PYTHON), "--port", str(port)),
+    )
+    with store.transaction(store.open_store(db)) as session:
+        groups = store.load_groups(session, "train", round_index=1)
+    reflections = [a for g in groups for a in g.attempts if a.kind == "reflection"]
+    assert reflections and {a.policy_version for a in reflections} == {"tiny-reviewer"}
+    assert summary["wall_seconds"]["server_start"] > 0
+    assert (tmp_path / "logs" / "reviewer.log").stat().st_size > 0
+    for each in (port, port + 1):
+        ensure_port_free("127.0.0.1", each)

@@ -257,7 +257,7 @@ def test_an_invalid_judgement_adds_no_insight() -> None:
     assert all(a.sample is None and a.reason.startswith("invalid judgement") for a in insights)
 
 
-def sge_server(seen: list[dict], strategy_ids: list[int]):
+def sge_server(seen: list[dict], strategy_ids: list[int], strategy: str = " Add them.\n"):
     """Prompt ids: bare = [1, 2] (+ [5] per extra message); "Strategy:" = [30]; "Answer:" = [70]."""
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -280,7 +280,7 @@ def sge_server(seen: list[dict], strategy_ids: list[int]):
             reply = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
             return httpx.Response(200, json={**reply, "choices": [choice]})
         bare = [1, 2] + [5] * (len(body["messages"]) - 3)
-        reply = completion(" Add them.\n", strategy_ids)
+        reply = completion(strategy, strategy_ids)
         reply["prompt_token_ids"] = [*bare, 30]
         return httpx.Response(200, json=reply)
 
@@ -324,6 +324,16 @@ def test_sge_trains_strategy_and_answer_tokens_but_not_the_forced_ones() -> None
     )
     trained = rows[0].labels[2:]
     assert trained == [IGNORE, 40, 41, 42, IGNORE, 60, 61]
+
+
+def test_a_strategy_that_states_the_answer_is_not_a_strategy() -> None:
+    group = run_sge(sge_server([], [40], f" It is {TASK.answer}.\n"), group_size=4, reflect=True)
+    first, second = group.first_attempts[:2], group.first_attempts[2:]
+    for attempt in first:  # its tokens and reward stay; as a strategy it does not count
+        assert attempt.strategy is None and attempt.correct
+        assert "the strategy states the answer" in attempt.reason
+    for attempt in second:
+        assert "Earlier strategies" not in attempt.messages[-1]["content"]
 
 
 def test_join_masks_a_strategy_that_is_not_token_exact() -> None:

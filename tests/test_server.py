@@ -1,5 +1,6 @@
 """Server lifecycle failures, each a one-line `ServingError` (no vLLM needed)."""
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -61,3 +62,30 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_two_servers_get_disjoint_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving import server
+
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert server.split_cores() == ("0,1", "2")
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {5})
+    with pytest.raises(ServingError, match="at least 2 cores"):
+        server.split_cores()
+    settings = ServerSettings(python=Path(sys.executable), model_path=Path("m"), served_name="m",
+                              cpus="1", weights="fixed")  # fmt: skip
+    process = VllmServer(settings)
+    assert process._env()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "--enable-lora" not in process._command()
+    assert process._env().get("VLLM_SERVER_DEV_MODE") == os.environ.get("VLLM_SERVER_DEV_MODE")
+
+
+def test_bfloat16_only_where_the_cpu_computes_it(tmp_path: Path) -> None:
+    from serving.server import cpu_dtype
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("flags\t: fpu sse avx2 avx512f\n")
+    assert cpu_dtype(info) == "float32"
+    info.write_text("flags\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n")
+    assert cpu_dtype(info) == "bfloat16"
+    assert cpu_dtype(tmp_path / "missing") == "float32"

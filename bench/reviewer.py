@@ -1,0 +1,212 @@
+"""Reviewer benchmark: a reviewer model beside the policy on one host, and what it costs.
+
+Two vLLM servers on one CPU host each get cores of their own (`serving.server.split_cores`).
+Measured, on the same requests:
+(a) the policy's sampling tokens/s alone on the whole host, on its own cores with the reviewer
+    idle, and with the reviewer busy: what the split costs the policy;
+(b) the reviewer's tokens/s for R3L reflections at concurrency 1 and 16, in float32 and in
+    bfloat16, and how many of its replies are valid reflections;
+(c) the cost of one reviewer token in policy tokens (the policy's tokens/s over the reviewer's,
+    both busy on their own cores), the weight `bench/explore.py` gives reviewer tokens.
+
+    .venv/bin/python bench/reviewer.py [--reviewer qwen2.5-coder-0.5b] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agents import reflection  # noqa: E402
+from flows.table import text_table  # noqa: E402
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
+from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores  # noqa: E402
+from verifiers.reasoning import train_tasks  # noqa: E402
+
+POLICY_PROMPT = "Count from one to twenty in words."
+DTYPES = ("float32", "bfloat16")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reviewer", choices=sorted(REVIEWERS), default="qwen2.5-coder-0.5b")
+    parser.add_argument("--reflections", type=int, default=32)
+    parser.add_argument("--policy-requests", type=int, default=64)
+    parser.add_argument("--port", type=int, default=8071)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    result = measure(args)
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    models = ROOT / ".flywheel" / "models"
+    policy = prepare_smollm2(models)
+    reviewer = prepare_parted(REVIEWERS[args.reviewer], models)
+    work = Path(tempfile.mkdtemp(prefix="reviewer-"))
+    policy_cpus, reviewer_cpus = split_cores()
+    result: dict[str, Any] = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "cores": {"policy": policy_cpus, "reviewer": reviewer_cpus},
+        "cpu_dtype": cpu_dtype(),
+    }
+    with server(policy, args.port, None, "float32", work) as url:
+        result["policy_alone"] = policy_rate(url, policy.name, args.policy_requests)
+    with server(policy, args.port, policy_cpus, "float32", work) as policy_url:
+        result["policy_own_cores"] = policy_rate(policy_url, policy.name, args.policy_requests)
+        for dtype in DTYPES:
+            with server(reviewer, args.port + 1, reviewer_cpus, dtype, work) as url:
+                result[dtype] = reviewer_rates(url, reviewer.name, policy_url, policy, args)
+    best = max(DTYPES, key=lambda d: result[d]["busy_tokens_per_s"])
+    result["chosen_dtype"] = best
+    result["reviewer_token_cost"] = (
+        result[best]["policy_busy_tokens_per_s"] / result[best]["busy_tokens_per_s"]
+    )
+    return result
+
+
+@contextmanager
+def server(model: Path, port: int, cpus: str | None, dtype: str, work: Path) -> Iterator[str]:
+    """A started, warmed-up server without LoRA; yields its URL."""
+    settings = ServerSettings(
+        python=ROOT / ".venv-serving" / "bin" / "python",
+        model_path=model,
+        served_name=model.name,
+        port=port,
+        weights="fixed",
+        dtype=dtype,
+        cpus=cpus,
+        startup_timeout_s=600.0,
+        log_path=work / f"{model.name}-{dtype}-{cpus}.log",
+    )
+    with VllmServer(settings) as running:
+        body = {"model": model.name, "prompt": "Hello", "max_tokens": 8}
+        httpx.post(f"{running.url}/v1/completions", json=body, timeout=600)  # warm-up
+        yield running.url
+
+
+def policy_rate(url: str, model: str, requests: int) -> float:
+    """Completion tokens/s of `requests` 64-token samples, 64 at a time."""
+    body = {"model": model, "prompt": POLICY_PROMPT, "max_tokens": 64, "temperature": 1.0}
+    body |= {"ignore_eos": True}
+
+    def one(_: int) -> int:
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(64) as pool:
+        tokens = sum(pool.map(one, range(requests)))
+    return tokens / (time.monotonic() - started)
+
+
+def reflection_messages(count: int) -> list[list[dict[str, str]]]:
+    """R3L's reviewer prompt for wrong answers to arithmetic tasks (off by one)."""
+    prompts = []
+    for task in train_tasks("arithmetic", count, seed=11, held_out=[]):
+        wrong = int(task.answer) + 1
+        feedback = f"The verifier gave reward 0: the answer {wrong} is wrong."
+        text = f"Task: {task.question}\n\nAttempt: The answer is {wrong}.\n\n{feedback}"
+        prompts.append([
+            {"role": "system", "content": reflection.REFLECT_SYSTEM},
+            {"role": "user", "content": text},
+        ])  # fmt: skip
+    return prompts
+
+
+def reflect_all(url: str, model: str, prompts: list, concurrency: int) -> dict[str, float]:
+    """Reflections `concurrency` at a time: tokens/s and the share of valid replies."""
+    schema = reflection.Reflection.model_json_schema()
+    schema["properties"]["outcome"]["enum"] = ["success_but_inefficient", "failure"]
+    response_format = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+
+    def one(messages: list) -> tuple[int, bool]:
+        body = {"model": model, "messages": messages, "max_tokens": reflection.REFLECT_MAX_TOKENS}
+        body |= {"temperature": 0.3, "response_format": response_format}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
+        response.raise_for_status()
+        reply = response.json()
+        text = reply["choices"][0]["message"]["content"] or ""
+        valid = isinstance(reflection.parse_reflection(text), reflection.Reflection)
+        return int(reply["usage"]["completion_tokens"]), valid
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        done = list(pool.map(one, prompts))
+    seconds = time.monotonic() - started
+    return {
+        "tokens_per_s": sum(tokens for tokens, _ in done) / seconds,
+        "valid": sum(ok for _, ok in done) / len(done),
+        "mean_tokens": sum(tokens for tokens, _ in done) / len(done),
+    }
+
+
+def reviewer_rates(
+    url: str, model: str, policy_url: str, policy: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    prompts = reflection_messages(args.reflections)
+    alone_1 = reflect_all(url, model, prompts[:4], 1)
+    alone_16 = reflect_all(url, model, prompts, 16)
+    with ThreadPoolExecutor(1) as side:  # both busy at once
+        policy_busy = side.submit(policy_rate, policy_url, policy.name, args.policy_requests)
+        busy = reflect_all(url, model, prompts, 16)
+        policy_tokens = policy_busy.result()
+    return {
+        "c1_tokens_per_s": alone_1["tokens_per_s"],
+        "c16_tokens_per_s": alone_16["tokens_per_s"],
+        "busy_tokens_per_s": busy["tokens_per_s"],
+        "policy_busy_tokens_per_s": policy_tokens,
+        "valid": (alone_16["valid"] + busy["valid"]) / 2,
+        "mean_tokens": alone_16["mean_tokens"],
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [
+        ["policy alone, whole host", f"{result['policy_alone']:.1f}", "-", "-"],
+        [
+            f"policy on cores {result['cores']['policy']}, reviewer idle",
+            f"{result['policy_own_cores']:.1f}",
+            "-",
+            "-",
+        ],
+    ]
+    for dtype in DTYPES:
+        r = result[dtype]
+        rows.append([
+            f"reviewer {dtype} on cores {result['cores']['reviewer']}, c1 / c16",
+            "-",
+            f"{r['c1_tokens_per_s']:.1f} / {r['c16_tokens_per_s']:.1f}",
+            f"{r['valid']:.2f}",
+        ])  # fmt: skip
+        rows.append([
+            f"both busy ({dtype} reviewer)",
+            f"{r['policy_busy_tokens_per_s']:.1f}",
+            f"{r['busy_tokens_per_s']:.1f}",
+            "-",
+        ])  # fmt: skip
+    print(text_table(["setting", "policy tok/s", "reviewer tok/s", "valid"], rows))
+    print(
+        f"chosen reviewer dtype: {result['chosen_dtype']} (CPU suggests {result['cpu_dtype']}); "
+        f"one reviewer token costs {result['reviewer_token_cost']:.2f} policy tokens"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         if reviewer_path is not None:
             url = _start(servers, args, reviewer_path, "fixed", "reviewer", reviewer_path)
             settings = settings.model_copy(
-                update={"reviewer_url": url, "reviewer_model": reviewer_path.name}
+                update={"reviewer": None, "reviewer_url": url, "reviewer_model": reviewer_path.name}
             )
         server_seconds = time.monotonic() - started
         summary = _run_flow(settings, server_url, model_path.name, model_path)

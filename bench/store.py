@@ -43,7 +43,7 @@ from memory.library import LibrarySettings  # noqa: E402
 from memory.records import (  # noqa: E402
     Attempt,
     Group,
-    Guidance,
+    LessonDraft,
     Sample,
     SamplingSettings,
     WorkItem,
@@ -117,7 +117,7 @@ def retrieval_latency(engine: Any, args: argparse.Namespace) -> dict[str, float]
     rng = random.Random(0)
     per_task = 10
     candidates = [
-        Guidance(
+        LessonDraft(
             kind="insight", scope="task", scope_key=f"task:{i // per_task}", zone="do",
             text=" ".join(rng.choices(WORDS, k=rng.randint(6, 14))) + f" ({i})",
         )
@@ -134,7 +134,7 @@ def retrieval_latency(engine: Any, args: argparse.Namespace) -> dict[str, float]
         )
     admit_s = time.perf_counter() - started
     with store.transaction(engine) as session:
-        entries = library.entries(session)
+        entries = library.lessons(session)
         stored = library.embeddings(session, [e.id for e in entries])
     figures = {"library_entries": len(entries), "library_admit_s": admit_s}
     for name, index in (("embedding", Index(entries, stored, embedder)), ("bm25", Index(entries))):
@@ -145,7 +145,7 @@ def retrieval_latency(engine: Any, args: argparse.Namespace) -> dict[str, float]
             started = time.perf_counter()
             hits = index.search(query, task, "arithmetic", k=6, char_budget=800)
             timings.append((time.perf_counter() - started) * 1000)
-            assert hits and all(h.entry.scope_key == task for h in hits)
+            assert hits and all(h.lesson.scope_key == task for h in hits)
         timings.sort()
         figures[f"{name}_p50_ms"] = statistics.median(timings)
         figures[f"{name}_p99_ms"] = timings[int(0.99 * (len(timings) - 1))]

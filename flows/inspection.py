@@ -78,10 +78,10 @@ def library(args: argparse.Namespace) -> int:
 
     with store.transaction(store.open_store(db_url(args))) as session:
         if args.entry is None:
-            entries = sorted(library.entries(session), key=lambda e: -e.utility)[: args.top]
+            entries = sorted(library.lessons(session), key=lambda e: -e.utility)[: args.top]
             total = library.size(session)
         else:
-            chosen = library.entry(session, args.entry)
+            chosen = library.lesson(session, args.entry)
             history = library.events(session, args.entry)
             uses = library.uses(session, args.entry)
             tasks = store.group_tasks(session, [group_id for group_id, _ in uses])

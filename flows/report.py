@@ -55,7 +55,7 @@ def build(session: Session) -> Report:
     ]
     rounds = [_round_row(session, r) for r in store.training_rounds(session, last=1000)]
     sizes = [(at.isoformat(), n) for at, n in library.size_history(session)]
-    lessons = [(e.exposures, e.utility, e.text) for e in library.entries(session)]
+    lessons = [(e.exposures, e.utility, e.text) for e in library.lessons(session)]
     return Report(versions=versions, rounds=rounds, library_sizes=sizes, lessons=lessons)
 
 

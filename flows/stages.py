@@ -36,7 +36,7 @@ from flows.settings import RunSettings
 from memory import library, store, workqueue
 from memory.embedding import Embedder
 from memory.library import Admission, LibrarySettings
-from memory.records import Group, GroupPurpose, Guidance, PolicyVersion
+from memory.records import Group, GroupPurpose, LessonDraft, PolicyVersion
 from memory.retrieval import Index
 from serving.adapters import ensure_loaded
 from trainer.round import RoundResult, train_round
@@ -128,18 +128,18 @@ def _planner(
     if not (settings.library and purpose == "train"):
         return lambda task: worker.Plan(task=task, sampling=sampling, outcome=shaping)
     with store.transaction(db) as session:
-        entries = library.entries(session)
-        vectors = library.embeddings(session, [e.id for e in entries])
-    index = Index(entries, vectors, _embedder())
+        stored = library.lessons(session)
+        vectors = library.embeddings(session, [lesson.id for lesson in stored])
+    index = Index(stored, vectors, _embedder())
 
     def plan(task: Task) -> worker.Plan:
         hits = index.search(task.question, task.task_id, task.taskset, k=settings.library_k)
-        lessons = tuple(hit.entry.text for hit in hits)
+        lessons = tuple(hit.lesson.text for hit in hits)
         return worker.Plan(
             task=task,
             sampling=sampling.model_copy(update={"lessons": lessons}),
             outcome=shaping,
-            experience_ids=[hit.entry.id for hit in hits],
+            experience_ids=[hit.lesson.id for hit in hits],
             similarities=[hit.score for hit in hits],
         )
 
@@ -150,8 +150,8 @@ def _planner(
 def curate(settings: RunSettings, groups: list[Group]) -> Admission:
     """Grow the library from this round: valid insights, and the principles of retries that
     beat their parent, for the task set."""
-    candidates = [
-        Guidance(
+    drafts = [
+        LessonDraft(
             kind="insight" if a.kind == "insight" else "principle",
             scope="task_type",
             scope_key=g.taskset,
@@ -164,7 +164,7 @@ def curate(settings: RunSettings, groups: list[Group]) -> Admission:
         and ((a.kind == "insight" and a.format_ok) or (a.kind == "retry" and a.improved))
     ]
     with store.transaction(engine(settings.db_url)) as session:
-        report = library.admit(session, candidates, LibrarySettings(), _embedder().embed_bytes)
+        report = library.admit(session, drafts, LibrarySettings(), _embedder().embed_bytes)
         size = library.size(session)
     get_run_logger().info(
         "library: %d lessons added, %d merged, %d refused; %d active",

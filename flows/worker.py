@@ -78,7 +78,7 @@ class Plan(BaseModel):
     task: Task
     sampling: CollectSettings
     outcome: OutcomeSettings | None = None
-    experience_ids: list[int] = Field(default_factory=list)  # library entries in the guided slots
+    experience_ids: list[int] = Field(default_factory=list)  # library lessons in the guided slots
     similarities: list[float] = Field(default_factory=list)
 
 

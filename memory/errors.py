@@ -6,4 +6,4 @@ class StoreError(RuntimeError):
 
 
 class NotFound(StoreError):
-    """A named record (a policy version, a capture id, a library entry) is not in the store."""
+    """A named record (a policy version, a capture id, a library lesson) is not in the store."""

@@ -1,20 +1,23 @@
-"""The experience library (EDGE, SLEA-RL): one table for every kind of guidance.
+"""The experience library (EDGE, SLEA-RL): lessons of every kind in one table.
 
-1. Admission, once per library update: candidates are validated first (a bad one refuses the
-   whole update, nothing written); at most `rate_limit[zone]` new entries per update; a candidate
-   whose fingerprint (its normalised words) already exists in its scope refines that entry: the
+A lesson (`Lesson`) is a stored library entry; an agent proposes one as a `LessonDraft`. The
+tables keep their first names (`experience_entry`, `experience_evidence`, `experience_use`).
+
+1. Admission, once per library update: drafts are validated first (a bad one refuses the
+   whole update, nothing written); at most `rate_limit[zone]` new lessons per update; a draft
+   whose fingerprint (its normalised words) already exists in its scope refines that lesson: the
    longer text is kept, evidence adds up, utility is never reset. Each source (an attempt that
-   produced the candidate) counts once: re-curating the same round adds no evidence.
+   produced the draft) counts once: re-curating the same round adds no evidence.
 2. Capacity per level (scope, scope key, zone): over capacity, the lowest-ranked unprotected
-   entry is trimmed, rank = utility + c * sqrt(ln(1 + N) / (1 + n)) with N the exposures in the
-   level and n the entry's (an exploration bonus for rarely shown entries). An entry is protected
-   until it has been shown `protect_exposures` times; if every entry of a full level is protected,
-   the candidate is refused.
-3. Utility is EDGE's with/without gain, shared by every kind of entry: for a group whose guided
-   half saw an entry, gain = success rate with guidance - without, and u <- 0.9 u + 0.1 gain.
-4. Hard pruning: an entry shown at least `min_exposures` times whose utility is below
+   lesson is trimmed, rank = utility + c * sqrt(ln(1 + N) / (1 + n)) with N the exposures in the
+   level and n the lesson's (an exploration bonus for rarely shown lessons). A lesson is protected
+   until it has been shown `protect_exposures` times; if every lesson of a full level is protected,
+   the draft is refused.
+3. Utility is EDGE's with/without gain, shared by every kind of lesson: for a group whose guided
+   half saw a lesson, gain = success rate with guidance - without, and u <- 0.9 u + 0.1 gain.
+4. Hard pruning: a lesson shown at least `min_exposures` times whose utility is below
    `prune_below` after `negative_windows` negative gains in a row is pruned.
-5. Every change is a library event holding the entry's fields before and after.
+5. Every change is a library event holding the lesson's fields before and after.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ from sqlalchemy.orm import Session
 
 from memory.errors import NotFound, StoreError
 from memory.models import (
-    ExperienceEntryRow,
-    ExperienceEvidenceRow,
-    ExperienceUseRow,
+    LessonEvidenceRow,
+    LessonRow,
+    LessonUseRow,
     LibraryEventRow,
 )
-from memory.records import ExperienceEntry, Guidance, LibraryEvent, Zone, describe
+from memory.records import Lesson, LessonDraft, LibraryEvent, Zone, describe
 
 Embed = Callable[[list[str]], list[bytes]]
 TRACKED = ("text", "source", "evidence", "utility", "exposures", "negative_windows", "status")
@@ -61,7 +64,7 @@ class LibrarySettings(BaseModel):
 
 
 class Admission(BaseModel):
-    """What one update did: entries added, merged into and trimmed, and candidates refused."""
+    """What one update did: lessons added, merged into and trimmed, and drafts refused."""
 
     added: list[int] = Field(default_factory=list)
     merged: list[int] = Field(default_factory=list)
@@ -76,39 +79,39 @@ def fingerprint(text: str) -> str:
 
 def admit(
     session: Session,
-    candidates: Sequence[Guidance | dict[str, Any]],
+    drafts: Sequence[LessonDraft | dict[str, Any]],
     settings: LibrarySettings,
     embed: Embed | None = None,
 ) -> Admission:
     """One library update: merge duplicates, add new entries within the rate limit and the
     capacity of their level."""
-    guidance = _validated(candidates)
+    validated = _validated(drafts)
     report = Admission()
     new = {"do": 0, "avoid": 0}
-    counted = _counted_sources(session, [c.source for c in guidance])
-    for candidate in guidance:
-        if candidate.source and candidate.source[:300] in counted:
-            report.refused.append((candidate.text, "evidence already counted"))
+    counted = _counted_sources(session, [d.source for d in validated])
+    for draft in validated:
+        if draft.source and draft.source[:300] in counted:
+            report.refused.append((draft.text, "evidence already counted"))
             continue
-        existing = _find(session, candidate)
+        existing = _find(session, draft)
         if existing is not None:
-            _merge(session, existing, candidate)
+            _merge(session, existing, draft)
             report.merged.append(existing.id)
             entry_id: int | None = existing.id
-        elif new[candidate.zone] >= settings.rate_limit[candidate.zone]:
-            report.refused.append((candidate.text, "rate limit"))
+        elif new[draft.zone] >= settings.rate_limit[draft.zone]:
+            report.refused.append((draft.text, "rate limit"))
             entry_id = None
-        elif (trimmed := _make_room(session, candidate, settings)) is None:
-            report.refused.append((candidate.text, "level full of protected entries"))
+        elif (trimmed := _make_room(session, draft, settings)) is None:
+            report.refused.append((draft.text, "level full of protected entries"))
             entry_id = None
         else:
             report.trimmed += trimmed
-            entry_id = _add(session, candidate, embed)
+            entry_id = _add(session, draft, embed)
             report.added.append(entry_id)
-            new[candidate.zone] += 1
-        if entry_id is not None and candidate.source:
-            session.add(ExperienceEvidenceRow(entry_id=entry_id, source=candidate.source[:300]))
-            counted.add(candidate.source[:300])
+            new[draft.zone] += 1
+        if entry_id is not None and draft.source:
+            session.add(LessonEvidenceRow(entry_id=entry_id, source=draft.source[:300]))
+            counted.add(draft.source[:300])
     session.flush()
     return report
 
@@ -118,7 +121,7 @@ def _counted_sources(session: Session, sources: list[str]) -> set[str]:
     wanted = [source[:300] for source in sources if source]
     if not wanted:
         return set()
-    query = select(ExperienceEvidenceRow.source).where(ExperienceEvidenceRow.source.in_(wanted))
+    query = select(LessonEvidenceRow.source).where(LessonEvidenceRow.source.in_(wanted))
     return set(session.scalars(query))
 
 
@@ -128,9 +131,9 @@ def record_use(
     """The entries shown to a group's guided attempts, in rank order."""
     for rank, (entry_id, similarity) in enumerate(zip(entry_ids, similarities, strict=True)):
         session.add(
-            ExperienceUseRow(entry_id=entry_id, group_id=group_id, rank=rank, similarity=similarity)
+            LessonUseRow(entry_id=entry_id, group_id=group_id, rank=rank, similarity=similarity)
         )
-        row = session.get(ExperienceEntryRow, entry_id)
+        row = session.get(LessonRow, entry_id)
         if row is not None:
             row.exposures += 1
     session.flush()
@@ -140,13 +143,11 @@ def credit(session: Session, group_id: int, gain: float, settings: LibrarySettin
     """Credit the group's with/without gain to every entry it used; returns the entries pruned."""
     pruned = []
     uses = session.scalars(
-        select(ExperienceUseRow).where(
-            ExperienceUseRow.group_id == group_id, ExperienceUseRow.gain.is_(None)
-        )
+        select(LessonUseRow).where(LessonUseRow.group_id == group_id, LessonUseRow.gain.is_(None))
     )
     for use in uses:  # a use not credited yet: crediting a group twice changes nothing
         use.gain = gain
-        row = session.get(ExperienceEntryRow, use.entry_id)
+        row = session.get(LessonRow, use.entry_id)
         assert row is not None
         before = _fields(row)
         row.utility = settings.decay * row.utility + (1 - settings.decay) * gain
@@ -161,18 +162,16 @@ def credit(session: Session, group_id: int, gain: float, settings: LibrarySettin
     return pruned
 
 
-def entries(session: Session, status: str = "active") -> list[ExperienceEntry]:
+def lessons(session: Session, status: str = "active") -> list[Lesson]:
     rows = session.scalars(
-        select(ExperienceEntryRow)
-        .where(ExperienceEntryRow.status == status)
-        .order_by(ExperienceEntryRow.id)
+        select(LessonRow).where(LessonRow.status == status).order_by(LessonRow.id)
     )
-    return [ExperienceEntry.model_validate(row) for row in rows]
+    return [Lesson.model_validate(row) for row in rows]
 
 
 def embeddings(session: Session, entry_ids: list[int]) -> dict[int, bytes]:
-    query = select(ExperienceEntryRow.id, ExperienceEntryRow.embedding).where(
-        ExperienceEntryRow.id.in_(entry_ids), ExperienceEntryRow.embedding.is_not(None)
+    query = select(LessonRow.id, LessonRow.embedding).where(
+        LessonRow.id.in_(entry_ids), LessonRow.embedding.is_not(None)
     )
     return {entry_id: vector for entry_id, vector in session.execute(query) if vector is not None}
 
@@ -189,9 +188,9 @@ def events(session: Session, entry_id: int) -> list[LibraryEvent]:
 def uses(session: Session, entry_id: int) -> list[tuple[int, float | None]]:
     """(group id, gain) for every group the entry was shown to, in the order it was shown."""
     query = (
-        select(ExperienceUseRow.group_id, ExperienceUseRow.gain)
-        .where(ExperienceUseRow.entry_id == entry_id)
-        .order_by(ExperienceUseRow.id)
+        select(LessonUseRow.group_id, LessonUseRow.gain)
+        .where(LessonUseRow.entry_id == entry_id)
+        .order_by(LessonUseRow.id)
     )
     return [(group_id, gain) for group_id, gain in session.execute(query)]
 
@@ -199,58 +198,58 @@ def uses(session: Session, entry_id: int) -> list[tuple[int, float | None]]:
 def used_in(session: Session, group_ids: list[int]) -> dict[int, int]:
     """Entry id -> how many of these groups it was shown to."""
     query = (
-        select(ExperienceUseRow.entry_id, func.count())
-        .where(ExperienceUseRow.group_id.in_(group_ids))
-        .group_by(ExperienceUseRow.entry_id)
+        select(LessonUseRow.entry_id, func.count())
+        .where(LessonUseRow.group_id.in_(group_ids))
+        .group_by(LessonUseRow.entry_id)
     )
     return {entry_id: n for entry_id, n in session.execute(query)}
 
 
-def entry(session: Session, entry_id: int) -> ExperienceEntry:
-    row = session.get(ExperienceEntryRow, entry_id)
+def lesson(session: Session, entry_id: int) -> Lesson:
+    row = session.get(LessonRow, entry_id)
     if row is None:
-        raise NotFound(f"no library entry {entry_id}")
-    return ExperienceEntry.model_validate(row)
+        raise NotFound(f"no lesson {entry_id}")
+    return Lesson.model_validate(row)
 
 
-def _validated(candidates: Sequence[Guidance | dict[str, Any]]) -> list[Guidance]:
+def _validated(drafts: Sequence[LessonDraft | dict[str, Any]]) -> list[LessonDraft]:
     try:
-        guidance = [
-            c if isinstance(c, Guidance) else Guidance.model_validate(c) for c in candidates
+        validated = [
+            c if isinstance(c, LessonDraft) else LessonDraft.model_validate(c) for c in drafts
         ]
-        return [g.model_copy(update={"text": " ".join(g.text.split())}) for g in guidance]
+        return [d.model_copy(update={"text": " ".join(d.text.split())}) for d in validated]
     except ValidationError as exc:
-        raise StoreError(f"guidance refused: {describe(exc)}") from exc
+        raise StoreError(f"lesson refused: {describe(exc)}") from exc
 
 
-def _find(session: Session, candidate: Guidance) -> ExperienceEntryRow | None:
+def _find(session: Session, draft: LessonDraft) -> LessonRow | None:
     return session.scalar(
-        select(ExperienceEntryRow).filter_by(
-            scope=candidate.scope,
-            scope_key=candidate.scope_key,
-            zone=candidate.zone,
-            fingerprint=fingerprint(candidate.text),
+        select(LessonRow).filter_by(
+            scope=draft.scope,
+            scope_key=draft.scope_key,
+            zone=draft.zone,
+            fingerprint=fingerprint(draft.text),
         )
     )
 
 
-def _merge(session: Session, row: ExperienceEntryRow, candidate: Guidance) -> None:
+def _merge(session: Session, row: LessonRow, draft: LessonDraft) -> None:
     before = _fields(row)
-    if len(candidate.text) > len(row.text):
-        row.text = candidate.text
+    if len(draft.text) > len(row.text):
+        row.text = draft.text
     row.evidence += 1
-    if candidate.source and candidate.source not in row.source:
-        row.source = f"{row.source}; {candidate.source}".strip("; ")[:2000]
+    if draft.source and draft.source not in row.source:
+        row.source = f"{row.source}; {draft.source}".strip("; ")[:2000]
     if row.status == "pruned":  # fresh evidence revives it, with the utility it had
         row.status = "active"
     _log(session, row, "merge", before)
 
 
-def _add(session: Session, candidate: Guidance, embed: Embed | None) -> int:
-    row = ExperienceEntryRow(
-        **candidate.model_dump(exclude={"schema_version"}),
-        fingerprint=fingerprint(candidate.text),
-        embedding=embed([candidate.text])[0] if embed else None,
+def _add(session: Session, draft: LessonDraft, embed: Embed | None) -> int:
+    row = LessonRow(
+        **draft.model_dump(exclude={"schema_version"}),
+        fingerprint=fingerprint(draft.text),
+        embedding=embed([draft.text])[0] if embed else None,
         evidence=1,
         utility=0.0,
         exposures=0,
@@ -263,22 +262,20 @@ def _add(session: Session, candidate: Guidance, embed: Embed | None) -> int:
     return row.id
 
 
-def _make_room(
-    session: Session, candidate: Guidance, settings: LibrarySettings
-) -> list[int] | None:
-    """Trim the candidate's level down to capacity - 1; the trimmed ids, or None if only
+def _make_room(session: Session, draft: LessonDraft, settings: LibrarySettings) -> list[int] | None:
+    """Trim the draft's level down to capacity - 1; the trimmed ids, or None if only
     protected entries remain."""
     level = list(
         session.scalars(
-            select(ExperienceEntryRow).filter_by(
-                scope=candidate.scope,
-                scope_key=candidate.scope_key,
-                zone=candidate.zone,
+            select(LessonRow).filter_by(
+                scope=draft.scope,
+                scope_key=draft.scope_key,
+                zone=draft.zone,
                 status="active",
             )
         )
     )
-    excess = len(level) - settings.capacity[candidate.zone] + 1
+    excess = len(level) - settings.capacity[draft.zone] + 1
     if excess <= 0:
         return []
     total = sum(row.exposures for row in level)
@@ -295,11 +292,11 @@ def _make_room(
     return trimmed
 
 
-def _rank(row: ExperienceEntryRow, total: int, settings: LibrarySettings) -> float:
+def _rank(row: LessonRow, total: int, settings: LibrarySettings) -> float:
     return row.utility + settings.exploration * math.sqrt(math.log(1 + total) / (1 + row.exposures))
 
 
-def _prunable(row: ExperienceEntryRow, settings: LibrarySettings) -> bool:
+def _prunable(row: LessonRow, settings: LibrarySettings) -> bool:
     return (
         row.exposures >= settings.min_exposures
         and row.utility < settings.prune_below
@@ -307,16 +304,16 @@ def _prunable(row: ExperienceEntryRow, settings: LibrarySettings) -> bool:
     )
 
 
-def _fields(row: ExperienceEntryRow) -> dict[str, Any]:
+def _fields(row: LessonRow) -> dict[str, Any]:
     return {name: getattr(row, name) for name in TRACKED}
 
 
-def _log(session: Session, row: ExperienceEntryRow, action: str, before: dict[str, Any]) -> None:
+def _log(session: Session, row: LessonRow, action: str, before: dict[str, Any]) -> None:
     session.add(LibraryEventRow(entry_id=row.id, action=action, before=before, after=_fields(row)))
 
 
 def size(session: Session) -> int:
-    return session.scalar(select(func.count()).where(ExperienceEntryRow.status == "active")) or 0
+    return session.scalar(select(func.count()).where(LessonRow.status == "active")) or 0
 
 
 def size_history(session: Session) -> list[tuple[datetime, int]]:

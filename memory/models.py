@@ -255,7 +255,7 @@ class WorkItemRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
-class ExperienceEntryRow(Base):
+class LessonRow(Base):
     """The experience library: every kind of guidance, by scope and zone."""
 
     __tablename__ = "experience_entry"
@@ -278,7 +278,7 @@ class ExperienceEntryRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
-class ExperienceUseRow(Base):
+class LessonUseRow(Base):
     """An entry shown in the prompt of a group's attempts: where it was used."""
 
     __tablename__ = "experience_use"
@@ -292,7 +292,7 @@ class ExperienceUseRow(Base):
     gain: Mapped[float | None] = mapped_column(Float)
 
 
-class ExperienceEvidenceRow(Base):
+class LessonEvidenceRow(Base):
     """Each piece of evidence an entry was built from, once: re-curating a round adds none."""
 
     __tablename__ = "experience_evidence"

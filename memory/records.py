@@ -264,15 +264,15 @@ class WorkItem(Record):
     error: str | None = None
 
 
-ExperienceKind = Literal["strategy", "principle", "insight", "warning", "hint"]
+LessonKind = Literal["strategy", "principle", "insight", "warning", "hint"]
 Scope = Literal["task", "task_type", "global"]
 Zone = Literal["do", "avoid"]
 
 
-class Guidance(Record):
-    """A candidate for the experience library, as an agent proposes it."""
+class LessonDraft(Record):
+    """A lesson as an agent proposes it, before the library admits it."""
 
-    kind: ExperienceKind
+    kind: LessonKind
     scope: Scope
     scope_key: str = ""  # the task id, the task set, or "" for global
     zone: Zone = "do"
@@ -280,12 +280,12 @@ class Guidance(Record):
     source: str = ""  # what produced it, e.g. "reflection of attempt 812"
 
 
-class ExperienceEntry(Record):
-    """An entry of the experience library: guidance text with its evidence and its utility
-    (the with/without-guidance gain of the groups it was injected into)."""
+class Lesson(Record):
+    """A lesson of the experience library, with its evidence and its utility (the
+    with/without gain of the groups whose guided half saw it)."""
 
     id: int
-    kind: ExperienceKind
+    kind: LessonKind
     scope: Scope
     scope_key: str
     zone: Zone

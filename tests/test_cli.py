@@ -282,13 +282,13 @@ def test_lineage_names_the_rounds_groups_and_lessons_behind_a_version(
 ) -> None:
     from memory import library, store
     from memory.library import LibrarySettings
-    from memory.records import Guidance, PolicyVersion, TrainingRound
+    from memory.records import LessonDraft, PolicyVersion, TrainingRound
     from tests.conftest import make_group
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     with store.transaction(store.open_store(db)) as session:
         ids = [store.save_group(session, make_group([1.0, 0.0], task_id=t)) for t in "ab"]
-        lesson = Guidance(kind="insight", scope="global", text="Carry the one.", source="x")
+        lesson = LessonDraft(kind="insight", scope="global", text="Carry the one.", source="x")
         (entry,) = library.admit(session, [lesson], LibrarySettings()).added
         library.record_use(session, ids[1], [entry], [0.7])
         for name in ("base", "p1"):

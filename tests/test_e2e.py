@@ -326,10 +326,10 @@ def test_library_lessons_guide_half_of_each_group_and_are_credited(
 ) -> None:
     from memory import library
     from memory.library import LibrarySettings
-    from memory.records import Guidance
+    from memory.records import LessonDraft
 
     engine = store.open_store(f"sqlite:///{tmp_path / 'fw.db'}")
-    lesson = Guidance(
+    lesson = LessonDraft(
         kind="insight", scope="task_type", scope_key="arithmetic",
         text="Work out the sign first, then the size.",
     )  # fmt: skip
@@ -345,7 +345,7 @@ def test_library_lessons_guide_half_of_each_group_and_are_credited(
         groups = store.load_groups(session, "train", round_index=1)
         uses = library.uses(session, entry_id)
         actions = [e.action for e in library.events(session, entry_id)]
-        (entry,) = library.entries(session)
+        (entry,) = library.lessons(session)
     for group in groups:
         guided, bare = group.first_attempts
         assert guided.context == "experience" and bare.context == "bare"

@@ -9,15 +9,19 @@ from sqlalchemy import Engine
 from memory import library
 from memory.errors import StoreError
 from memory.library import LibrarySettings
-from memory.records import ExperienceEntry, Guidance
+from memory.records import Lesson, LessonDraft
 from memory.retrieval import Index
 from memory.store import open_store, save_group, transaction
 from tests.conftest import make_group
 
 
-def tip(text: str, zone: str = "do", scope: str = "task_type", key: str = "arithmetic") -> Guidance:
+def tip(
+    text: str, zone: str = "do", scope: str = "task_type", key: str = "arithmetic"
+) -> LessonDraft:
     source = f"test: {text}"  # each text its own piece of evidence
-    return Guidance(kind="insight", scope=scope, scope_key=key, zone=zone, text=text, source=source)
+    return LessonDraft(
+        kind="insight", scope=scope, scope_key=key, zone=zone, text=text, source=source
+    )
 
 
 def show_and_credit(
@@ -52,7 +56,7 @@ def test_a_duplicate_merges_its_evidence_and_keeps_the_utility(db_url: str) -> N
         report = library.admit(
             session, [tip("  check   THE sign "), tip("Check the sign of the result.")], settings
         )
-        entries = {e.id: e for e in library.entries(session)}
+        entries = {e.id: e for e in library.lessons(session)}
         actions = [e.action for e in library.events(session, entry_id)]
     assert report.merged == [entry_id] and len(report.added) == 1
     assert entries[entry_id].text == "Check the sign."
@@ -63,7 +67,7 @@ def test_a_duplicate_merges_its_evidence_and_keeps_the_utility(db_url: str) -> N
 
 def test_the_same_evidence_counts_once_however_often_it_is_curated(db_url: str) -> None:
     engine, settings = open_store(db_url), LibrarySettings()
-    seen = Guidance(kind="principle", scope="global", text="Reread the question.", source="a 1")
+    seen = LessonDraft(kind="principle", scope="global", text="Reread the question.", source="a 1")
     again = seen.model_copy(update={"text": "reread the QUESTION"})
     other = seen.model_copy(update={"source": "a 2"})
     with transaction(engine) as session:
@@ -71,7 +75,7 @@ def test_the_same_evidence_counts_once_however_often_it_is_curated(db_url: str) 
     with transaction(engine) as session:
         rerun = library.admit(session, [seen], settings)
         later = library.admit(session, [other], settings)
-        (entry,) = library.entries(session)
+        (entry,) = library.lessons(session)
     assert len(first.added) == 1 and first.refused == [(again.text, "evidence already counted")]
     assert rerun.refused == [(seen.text, "evidence already counted")] and not rerun.merged
     assert later.merged == [entry.id] and entry.evidence == 2
@@ -86,7 +90,7 @@ def test_crediting_a_group_twice_changes_nothing(db_url: str) -> None:
         library.record_use(session, group_id, [entry_id], [0.8])
         library.credit(session, group_id, 1.0, settings)
         library.credit(session, group_id, 1.0, settings)
-        utility = library.entry(session, entry_id).utility
+        utility = library.lesson(session, entry_id).utility
     assert utility == pytest.approx(0.1)
 
 
@@ -95,7 +99,7 @@ def test_a_longer_rewording_with_the_same_words_replaces_the_text(db_url: str) -
     with transaction(engine) as session:
         (entry_id,) = library.admit(session, [tip("check the sign")], settings).added
         library.admit(session, [tip("Check the sign!!")], settings)
-        (entry,) = library.entries(session)
+        (entry,) = library.lessons(session)
     assert entry.text == "Check the sign!!" and entry.evidence == 2
 
 
@@ -125,7 +129,7 @@ def test_capacity_trims_the_lowest_ranked_unprotected_entry(db_url: str) -> None
         show_and_credit(engine, entry_id, [gain], settings)
     with transaction(engine) as session:
         report = library.admit(session, [tip("tip 3")], settings)
-        active = {e.id for e in library.entries(session)}
+        active = {e.id for e in library.lessons(session)}
         trim_events = [e.action for e in library.events(session, ids[1])]
     assert report.trimmed == [ids[1]] and len(report.added) == 1
     assert active == {ids[0], ids[2], report.added[0]}
@@ -140,13 +144,13 @@ def test_utility_follows_the_gain_and_persistent_losers_are_pruned(db_url: str) 
     show_and_credit(engine, good, [1.0, 1.0, -0.5], settings)
     show_and_credit(engine, bad, [-1.0, 0.5, -1.0], settings)  # the positive gain resets the run
     with transaction(engine) as session:
-        entries = {e.id: e for e in library.entries(session)}
+        entries = {e.id: e for e in library.lessons(session)}
         assert entries[good].utility == pytest.approx(0.9 * (0.9 * 0.1 + 0.1) - 0.05)
         assert entries[bad].status == "active" and entries[bad].negative_windows == 1
         assert [gain for _, gain in library.uses(session, good)] == [1.0, 1.0, -0.5]
     show_and_credit(engine, bad, [-1.0], settings)
     with transaction(engine) as session:
-        assert bad not in {e.id for e in library.entries(session)}
+        assert bad not in {e.id for e in library.lessons(session)}
         assert library.events(session, bad)[-1].action == "prune"
         assert library.events(session, bad)[-1].before["status"] == "active"
 
@@ -155,7 +159,7 @@ def test_a_record_that_does_not_fit_is_refused_and_nothing_is_written(db_url: st
     engine = open_store(db_url)
     bad = {"kind": "rumour", "scope": "global", "text": "trust me"}
     with (
-        pytest.raises(StoreError, match="guidance refused: kind: Input should be"),
+        pytest.raises(StoreError, match="lesson refused: kind: Input should be"),
         transaction(engine) as session,
     ):
         library.admit(session, [tip("a fine tip"), bad], LibrarySettings())
@@ -167,13 +171,11 @@ def test_a_record_that_does_not_fit_is_refused_and_nothing_is_written(db_url: st
             session, [{"kind": "hint", "scope": "global", "text": "x" * 2001}], LibrarySettings()
         )
     with transaction(engine) as session:
-        assert library.entries(session) == []
+        assert library.lessons(session) == []
 
 
-def entry(
-    i: int, text: str, scope: str = "global", key: str = "", utility: float = 0.0
-) -> ExperienceEntry:
-    return ExperienceEntry(
+def entry(i: int, text: str, scope: str = "global", key: str = "", utility: float = 0.0) -> Lesson:
+    return Lesson(
         id=i, kind="insight", scope=scope, scope_key=key, zone="do", text=text, source="",
         fingerprint=str(i), evidence=1, utility=utility, exposures=0, negative_windows=0,
         status="active", created_at="2026-01-01T00:00:00Z",
@@ -190,9 +192,9 @@ def test_retrieval_keeps_to_the_scope_ranks_by_words_and_fits_the_budget() -> No
         entry(6, "Answer inside the tags. " * 30, "global"),
     ])  # fmt: skip
     hits = index.search("what is 3 minus negative 4, subtracting", "arith:1", "arithmetic", k=3)
-    assert [h.entry.id for h in hits] == [2, 5, 1]  # words first, then utility; no 3, 4 or 6
+    assert [h.lesson.id for h in hits] == [2, 5, 1]  # words first, then utility; no 3, 4 or 6
     assert [
-        h.entry.id for h in index.search("x", "arith:1", "arithmetic", k=6, char_budget=60)
+        h.lesson.id for h in index.search("x", "arith:1", "arithmetic", k=6, char_budget=60)
     ] == [5]
 
 
@@ -214,7 +216,7 @@ def test_embeddings_find_a_paraphrase_that_shares_no_words(embedder) -> None:
     hits = Index(entries, vectors, embedder).search(
         "check sign when subtracting", "t", "arithmetic", k=1
     )
-    assert hits[0].entry.id == 0 and hits[0].score > 0.5
+    assert hits[0].lesson.id == 0 and hits[0].score > 0.5
     lexical = Index(entries).search("check sign when subtracting", "t", "arithmetic", k=1)
     assert lexical[0].score == 0.0  # no shared word: BM25 has nothing to go on
 
@@ -226,6 +228,6 @@ def test_admission_stores_embeddings_for_retrieval(db_url: str, embedder) -> Non
             session, [tip("Be careful with minus signs.")], LibrarySettings(), embedder.embed_bytes
         ).added
         vectors = library.embeddings(session, [entry_id])
-        entries = library.entries(session)
+        entries = library.lessons(session)
     hits = Index(entries, vectors, embedder).search("check the sign", "t", "arithmetic")
-    assert [h.entry.id for h in hits] == [entry_id] and hits[0].score > 0.4
+    assert [h.lesson.id for h in hits] == [entry_id] and hits[0].score > 0.4

@@ -6,7 +6,7 @@ from flows.cli import main
 from flows.report import build, format_table, write_html
 from memory import library, store
 from memory.library import LibrarySettings
-from memory.records import Guidance, PolicyVersion, TrainingRound
+from memory.records import LessonDraft, PolicyVersion, TrainingRound
 from tests.conftest import make_group
 
 
@@ -38,7 +38,7 @@ def seed(db_url: str) -> None:
             ),
         )
         lessons = [
-            Guidance(kind="insight", scope="global", text=text)
+            LessonDraft(kind="insight", scope="global", text=text)
             for text in ("Check the sign.", "Reread the question.")
         ]
         first, second = library.admit(session, lessons, LibrarySettings()).added
@@ -91,7 +91,7 @@ def test_library_status_and_lineage_commands(tmp_path: Path, capsys) -> None:
     assert "credit" in history and "utility=0.05" in history
     assert "  used in group 1 (" in history and "): gain +0.500" in history
     assert main(["library", "--db", db, "--entry", "99"]) == 2
-    assert capsys.readouterr().err == "flywheel: error: no library entry 99\n"
+    assert capsys.readouterr().err == "flywheel: error: no lesson 99\n"
     assert main(["status", "--db", db]) == 0
     status = capsys.readouterr().out
     assert "queue: 0 tasks waiting or claimed, by 0 workers" in status

@@ -82,18 +82,16 @@ def main() -> None:
     tasks = train_tasks(args.taskset, args.tasks, seed=7, held_out=[])
     servers = policy_and_reviewer(args.server_url, args.port, "vllm-explore.log", args.reviewer)
     with servers as (url, model, reviewer_url, reviewer_model):
-        reviewer = None
-        if reviewer_url and reviewer_model:
-            reviewer = Endpoint(PolicyClient(reviewer_url), reviewer_model)
-        results = {
-            m: anyio.run(run_method, m, tasks, args, url, model.name, reviewer) for m in methods
-        }
-    result = {"settings": {k: str(v) for k, v in vars(args).items()}, "methods": results}
-    if "plain" in results:
-        compare(results, results["plain"])
+        reviewer = (reviewer_url, reviewer_model) if reviewer_url and reviewer_model else None
+        results: dict[str, dict[str, Any]] = {}
+        result = {"settings": {k: str(v) for k, v in vars(args).items()}, "methods": results}
+        for method in methods:  # the JSON is rewritten after each method: a stop keeps them
+            results[method] = anyio.run(run_method, method, tasks, args, url, model.name, reviewer)
+            if "plain" in results:
+                compare(results, results["plain"])
+            if args.json:
+                args.json.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def measured_cost(parser: argparse.ArgumentParser) -> float:
@@ -109,12 +107,13 @@ async def run_method(
     args: argparse.Namespace,
     url: str,
     model: str,
-    reviewer: Endpoint | None,
+    reviewer_at: tuple[str, str] | None,
 ) -> dict[str, Any]:
     settings = CollectSettings(
         group_size=args.group_size, temperature=1.0, max_tokens=args.max_tokens, **METHODS[method]
     )
     client = PolicyClient(url)
+    reviewer = Endpoint(PolicyClient(reviewer_at[0]), reviewer_at[1]) if reviewer_at else None
     limiter = anyio.CapacityLimiter(args.concurrency)
     board = InsightBoard() if settings.insights else None
     groups: dict[str, list[Group]] = {t.task_id: [] for t in tasks}
@@ -144,7 +143,8 @@ async def run_method(
                 tg.start_soon(explore, task)
     finally:
         await client.aclose()
-    await reviewer.client.aclose() if reviewer is not None else None
+        if reviewer is not None:
+            await reviewer.client.aclose()
     cost = args.reviewer_cost or 1.0
 
     def priced(attempt: Attempt, reviewer_price: float) -> float:

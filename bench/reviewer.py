@@ -6,8 +6,11 @@ Measured, on the same requests:
     idle, and with the reviewer busy: what the split costs the policy;
 (b) the reviewer's tokens/s for R3L reflections at concurrency 1 and 16, in float32 and in
     bfloat16, and how many of its replies are valid reflections;
-(c) the cost of one reviewer token in policy tokens (the policy's tokens/s over the reviewer's,
-    both busy on their own cores), the weight `bench/explore.py` gives reviewer tokens.
+(c) the cost of one reviewer token in policy tokens: the policy tokens/s the host gives up while
+    the reviewer is busy (alone on the whole host, less beside a busy reviewer) over the
+    reviewer's tokens/s; the weight `bench/explore.py` gives reviewer tokens. Both loads run
+    for the whole of the reviewer's pass (the policy's in batches of 16 until it ends), after a
+    warm-up pass at each batch size.
 
     .venv/bin/python bench/reviewer.py [--reviewer qwen2.5-coder-0.5b] [--json PATH]
 """
@@ -18,6 +21,7 @@ import argparse
 import json
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -43,8 +47,7 @@ DTYPES = ("float32", "bfloat16")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reviewer", choices=sorted(REVIEWERS), default="qwen2.5-coder-0.5b")
-    parser.add_argument("--reflections", type=int, default=32)
-    parser.add_argument("--policy-requests", type=int, default=64)
+    parser.add_argument("--reflections", type=int, default=64)
     parser.add_argument("--port", type=int, default=8071)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -66,17 +69,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_dtype": cpu_dtype(),
     }
     with server(policy, args.port, None, "float32", work) as url:
-        result["policy_alone"] = policy_rate(url, policy.name, args.policy_requests)
+        result["policy_alone"] = policy_for(url, policy.name, 40.0)
     with server(policy, args.port, policy_cpus, "float32", work) as policy_url:
-        result["policy_own_cores"] = policy_rate(policy_url, policy.name, args.policy_requests)
+        result["policy_own_cores"] = policy_for(policy_url, policy.name, 40.0)
         for dtype in DTYPES:
             with server(reviewer, args.port + 1, reviewer_cpus, dtype, work) as url:
                 result[dtype] = reviewer_rates(url, reviewer.name, policy_url, policy, args)
-    best = max(DTYPES, key=lambda d: result[d]["busy_tokens_per_s"])
+    for dtype in DTYPES:
+        given_up = result["policy_alone"] - result[dtype]["policy_busy_tokens_per_s"]
+        result[dtype]["token_cost"] = max(0.0, given_up) / result[dtype]["busy_tokens_per_s"]
+    working = [d for d in DTYPES if result[d]["valid"] >= 0.95] or list(DTYPES)
+    best = min(working, key=lambda d: result[d]["token_cost"])
     result["chosen_dtype"] = best
-    result["reviewer_token_cost"] = (
-        result[best]["policy_busy_tokens_per_s"] / result[best]["busy_tokens_per_s"]
-    )
+    result["reviewer_token_cost"] = result[best]["token_cost"]
     return result
 
 
@@ -100,20 +105,31 @@ def server(model: Path, port: int, cpus: str | None, dtype: str, work: Path) -> 
         yield running.url
 
 
-def policy_rate(url: str, model: str, requests: int) -> float:
-    """Completion tokens/s of `requests` 64-token samples, 64 at a time."""
+def policy_for(url: str, model: str, seconds: float) -> float:
+    """`policy_while` for `seconds`, after one batch of warm-up."""
+    _policy_sample(url, model)
+    busy = threading.Event()
+    busy.set()
+    threading.Timer(seconds, busy.clear).start()
+    return policy_while(url, model, busy)
+
+
+def policy_while(url: str, model: str, busy: threading.Event) -> float:
+    """Completion tokens/s of batches of 16 samples, sent while `busy` is set."""
+    tokens, started, ended = 0, time.monotonic(), time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        while busy.is_set():
+            tokens += sum(pool.map(lambda _: _policy_sample(url, model), range(16)))
+            ended = time.monotonic()
+    return tokens / max(ended - started, 1e-9)
+
+
+def _policy_sample(url: str, model: str) -> int:
     body = {"model": model, "prompt": POLICY_PROMPT, "max_tokens": 64, "temperature": 1.0}
     body |= {"ignore_eos": True}
-
-    def one(_: int) -> int:
-        response = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
-        response.raise_for_status()
-        return int(response.json()["usage"]["completion_tokens"])
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(64) as pool:
-        tokens = sum(pool.map(one, range(requests)))
-    return tokens / (time.monotonic() - started)
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+    response.raise_for_status()
+    return int(response.json()["usage"]["completion_tokens"])
 
 
 def reflection_messages(count: int) -> list[list[dict[str, str]]]:
@@ -161,11 +177,15 @@ def reviewer_rates(
     url: str, model: str, policy_url: str, policy: Path, args: argparse.Namespace
 ) -> dict[str, float]:
     prompts = reflection_messages(args.reflections)
+    reflect_all(url, model, prompts[:16], 16)  # warm-up: the engine compiles per batch size
     alone_1 = reflect_all(url, model, prompts[:4], 1)
     alone_16 = reflect_all(url, model, prompts, 16)
-    with ThreadPoolExecutor(1) as side:  # both busy at once
-        policy_busy = side.submit(policy_rate, policy_url, policy.name, args.policy_requests)
+    busy_flag = threading.Event()
+    busy_flag.set()
+    with ThreadPoolExecutor(1) as side:  # both busy for the whole of the reviewer's pass
+        policy_busy = side.submit(policy_while, policy_url, policy.name, busy_flag)
         busy = reflect_all(url, model, prompts, 16)
+        busy_flag.clear()
         policy_tokens = policy_busy.result()
     return {
         "c1_tokens_per_s": alone_1["tokens_per_s"],
@@ -200,8 +220,11 @@ def print_table(result: dict[str, Any]) -> None:
             f"{r['policy_busy_tokens_per_s']:.1f}",
             f"{r['busy_tokens_per_s']:.1f}",
             "-",
+            f"{r['token_cost']:.2f}",
         ])  # fmt: skip
-    print(text_table(["setting", "policy tok/s", "reviewer tok/s", "valid"], rows))
+    rows = [row if len(row) == 5 else [*row, "-"] for row in rows]
+    header = ["setting", "policy tok/s", "reviewer tok/s", "valid", "token cost"]
+    print(text_table(header, rows))
     print(
         f"chosen reviewer dtype: {result['chosen_dtype']} (CPU suggests {result['cpu_dtype']}); "
         f"one reviewer token costs {result['reviewer_token_cost']:.2f} policy tokens"

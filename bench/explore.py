@@ -220,10 +220,11 @@ def print_table(result: dict[str, Any]) -> None:
         ])  # fmt: skip
     print(text_table(header, rows))
     s = result["settings"]
+    cost = "1" if s["reviewer_cost"] == "None" else f"{float(s['reviewer_cost']):.2f}"
     print(
         f"\n{s['tasks']} {s['taskset']} tasks, {s['budget']} policy tokens per task, groups of "
-        f"{s['group_size']}, reviewer {s['reviewer']} (one token costs {s['reviewer_cost']} policy "
-        "tokens); solved = at least one verified success (goal: a method >= 1.3x plain at equal "
+        f"{s['group_size']}, reviewer {s['reviewer']} (one token costs {cost} policy tokens); "
+        "solved = at least one verified success (goal: a method >= 1.3x plain at equal "
         "cost)"
     )
 

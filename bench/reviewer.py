@@ -34,10 +34,12 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from smollm2_server import fixed_server  # noqa: E402
+
 from agents import reflection  # noqa: E402
 from flows.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores  # noqa: E402
+from serving.server import VllmServer, cpu_dtype, split_cores  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
 
 POLICY_PROMPT = "Count from one to twenty in words."
@@ -88,17 +90,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 @contextmanager
 def server(model: Path, port: int, cpus: str | None, dtype: str, work: Path) -> Iterator[str]:
     """A started, warmed-up server without LoRA; yields its URL."""
-    settings = ServerSettings(
-        python=ROOT / ".venv-serving" / "bin" / "python",
-        model_path=model,
-        served_name=model.name,
-        port=port,
-        weights="fixed",
-        dtype=dtype,
-        cpus=cpus,
-        startup_timeout_s=600.0,
-        log_path=work / f"{model.name}-{dtype}-{cpus}.log",
-    )
+    settings = fixed_server(model, port, f"{model.name}-{dtype}-{cpus}.log", cpus, dtype, work)
     with VllmServer(settings) as running:
         body = {"model": model.name, "prompt": "Hello", "max_tokens": 8}
         httpx.post(f"{running.url}/v1/completions", json=body, timeout=600)  # warm-up

@@ -12,6 +12,7 @@ from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / ".flywheel" / "models"
+LOGS = ROOT / ".flywheel" / "logs"
 
 
 @contextmanager
@@ -28,7 +29,7 @@ def smollm2_server(
     if server_url:
         yield server_url, model
         return
-    settings = _settings(model, port, log_name, cpus, "float32")
+    settings = fixed_server(model, port, log_name, cpus, "float32")
     with VllmServer(settings.model_copy(update={"weights": weights})) as server:
         yield server.url, model
 
@@ -48,17 +49,18 @@ def policy_and_reviewer(
     if reviewer in REVIEWERS:
         folder = prepare_parted(REVIEWERS[reviewer], MODELS)
     policy_cpus, reviewer_cpus = split_cores()
-    settings = _settings(folder, port + 1, f"reviewer-{log_name}", reviewer_cpus, cpu_dtype())
+    settings = fixed_server(folder, port + 1, f"reviewer-{log_name}", reviewer_cpus, cpu_dtype())
     with (
         smollm2_server(server_url, port, log_name, policy_cpus, "fixed") as (url, model),
-        VllmServer(settings.model_copy(update={"startup_timeout_s": 600.0})) as server,
+        VllmServer(settings) as server,
     ):
         yield url, model, server.url, folder.name
 
 
-def _settings(
-    model: Path, port: int, log_name: str, cpus: str | None, dtype: str
+def fixed_server(
+    model: Path, port: int, log_name: str, cpus: str | None, dtype: str, logs: Path = LOGS
 ) -> ServerSettings:
+    """A server of `model` without LoRA, pinned to `cpus`, logging to `logs/log_name`."""
     return ServerSettings(
         python=ROOT / ".venv-serving" / "bin" / "python",
         model_path=model,
@@ -67,5 +69,6 @@ def _settings(
         weights="fixed",
         dtype=dtype,
         cpus=cpus,
-        log_path=ROOT / ".flywheel" / "logs" / log_name,
+        startup_timeout_s=600.0,
+        log_path=logs / log_name,
     )

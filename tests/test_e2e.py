@@ -435,10 +435,14 @@ def test_a_reviewer_model_is_served_beside_the_policy(
 ) -> None:
     """`flywheel run --reviewer`: a second server, on cores of its own, writes the reflections;
     both servers are stopped when the run ends."""
+    import os
     import shutil
 
     from serving.server import ensure_port_free
     from tests.conftest import SERVER_PYTHON
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a reviewer beside the policy needs two cores, one for each server")
 
     reviewer = tmp_path / "tiny-reviewer"
     shutil.copytree(tiny_model_path, reviewer)

@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,9 @@ def compare(results: dict[str, dict[str, Any]], plain: dict[str, Any]) -> None:
             )
 
 
-def solved_within(groups: list[Group], budget: int, price: Any = None) -> bool:
+def solved_within(
+    groups: list[Group], budget: int, price: Callable[[Attempt], float] | None = None
+) -> bool:
     """A success before `budget` is spent (`price(attempt)`: by default its generated tokens):
     first attempts by slot, then the extras (reflections, retries, insights) in the order they
     were made."""

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
-from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores
+from serving.server import ServerSettings, VllmServer, side_by_side
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / ".flywheel" / "models"
@@ -48,11 +48,12 @@ def policy_and_reviewer(
     folder = Path(reviewer)
     if reviewer in REVIEWERS:
         folder = prepare_parted(REVIEWERS[reviewer], MODELS)
-    policy_cpus, reviewer_cpus = split_cores()
-    settings = fixed_server(folder, port + 1, f"reviewer-{log_name}", reviewer_cpus, cpu_dtype())
+    policy = fixed_server(prepare_smollm2(MODELS), port, log_name, None, "float32")
+    reviewer_server = fixed_server(folder, port + 1, f"reviewer-{log_name}", None, "float32")
+    policy, reviewer_server = side_by_side(policy, reviewer_server)
     with (
-        smollm2_server(server_url, port, log_name, policy_cpus, "fixed") as (url, model),
-        VllmServer(settings) as server,
+        smollm2_server(server_url, port, log_name, policy.cpus, "fixed") as (url, model),
+        VllmServer(reviewer_server) as server,
     ):
         yield url, model, server.url, folder.name
 

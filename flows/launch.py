@@ -28,54 +28,55 @@ def run(args: argparse.Namespace) -> int:
     if settings.reviewer is not None:
         reviewer_path = model_folder(settings.reviewer, args.workdir, "--reviewer").resolve()
     started = time.monotonic()
+    policy, reviewer = _server_settings(args, model_path, settings.weights, reviewer_path)
     with contextlib.ExitStack() as servers:
         server_url = args.server_url
         if server_url:
             preflight(settings.db_url, server_url, model_path.name)
         else:
-            server_url = _start(servers, args, model_path, settings.weights, "vllm", reviewer_path)
-        if reviewer_path is not None:
-            url = _start(servers, args, reviewer_path, "fixed", "reviewer", reviewer_path)
-            settings = settings.model_copy(
-                update={"reviewer": None, "reviewer_url": url, "reviewer_model": reviewer_path.name}
-            )
+            server_url = _start(servers, policy)
+        if reviewer is not None:
+            reviewer_url = _start(servers, reviewer)
+            named = {"reviewer_url": reviewer_url, "reviewer_model": reviewer.served_name}
+            settings = settings.model_copy(update={"reviewer": None, **named})
         server_seconds = time.monotonic() - started
         summary = _run_flow(settings, server_url, model_path.name, model_path)
-    if not args.server_url or reviewer_path is not None:  # a server of our own started
+    if not args.server_url or reviewer is not None:  # a server of our own started
         summary.wall_seconds["server_start"] = server_seconds
     summary.wall_seconds["total"] = time.monotonic() - started
     _report(summary, args.summary_json)
     return 0
 
 
-def _start(
-    servers: contextlib.ExitStack,
-    args: argparse.Namespace,
-    model_path: Path,
-    weights: str,
-    name: str,
-    reviewer: Path | None,
-) -> str:
-    """Start and supervise a model server for `model_path` until `servers` closes; its URL.
+def _server_settings(
+    args: argparse.Namespace, model_path: Path, weights: str, reviewer_path: Path | None
+) -> tuple[Any, Any]:
+    """The policy's server settings, and the reviewer's beside it (each on cores of its own,
+    `serving.server.side_by_side`) when there is one."""
+    from serving.server import ServerSettings, side_by_side
 
-    With a reviewer beside the policy, each server computes on cores of its own (two vLLM
-    servers on one host otherwise both pin core 0), and the reviewer in bfloat16 where the CPU
-    has it. A server that stays down ends the run with its log's last lines."""
-    from serving.server import ServerSettings, VllmServer, cpu_dtype, split_cores
+    def settings(folder: Path, port: int, log_name: str) -> ServerSettings:
+        return ServerSettings(
+            python=args.server_python,
+            model_path=folder,
+            served_name=folder.name,
+            port=port,
+            weights=weights,
+            log_path=args.workdir / "logs" / log_name,
+        )
 
-    policy_cpus, reviewer_cpus = split_cores() if reviewer is not None else (None, None)
-    is_reviewer = name == "reviewer"
-    server_settings = ServerSettings(
-        python=args.server_python,
-        model_path=model_path,
-        served_name=model_path.name,
-        port=args.port + 1 if is_reviewer else args.port,
-        weights=weights,
-        dtype=cpu_dtype() if is_reviewer else "float32",
-        cpus=reviewer_cpus if is_reviewer else policy_cpus,
-        log_path=args.workdir / "logs" / f"{name}.log",
-    )
-    server = servers.enter_context(VllmServer(server_settings))
+    policy = settings(model_path, args.port, "vllm.log")
+    if reviewer_path is None:
+        return policy, None
+    return side_by_side(policy, settings(reviewer_path, args.port + 1, "reviewer.log"))
+
+
+def _start(servers: contextlib.ExitStack, settings: Any) -> str:
+    """Start and supervise a model server until `servers` closes; its URL. A server that stays
+    down ends the run with its log's last lines."""
+    from serving.server import VllmServer
+
+    server = servers.enter_context(VllmServer(settings))
     servers.enter_context(server.supervised())
     servers.enter_context(_naming_log(server))
     return server.url

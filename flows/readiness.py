@@ -90,7 +90,7 @@ class Readiness:
         with `model`, else why not."""
         label = weights.weight_version(self.server_url)
         if label is not None:
-            reason = self._check_merged(model, model if any_weights else label, swap)
+            reason = self._check_merged(model, label, swap, any_weights)
         else:
             reason = self._check_named(model)
         if reason is None and not any_weights:
@@ -106,12 +106,12 @@ class Readiness:
                 found = probe.generation(client, model)
         return None if found.ok else found.reason
 
-    def _check_merged(self, model: str, label: str, swap: bool) -> str | None:
+    def _check_merged(self, model: str, label: str, swap: bool, any_weights: bool) -> str | None:
         try:
             served = adapters.loaded_models(self.server_url)[0]
         except (httpx.HTTPError, IndexError) as exc:
             return f"no model listed: {exc}"
-        holds = label == model or (model == served and label in BASE_LABELS)
+        holds = any_weights or label == model or (model == served and label in BASE_LABELS)
         if not holds:
             if not swap:
                 return f"it holds the weights of {label}, not {model}"

@@ -285,10 +285,15 @@ def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> in
 
 def _as_version(group: Group, version: str) -> Group:
     """The group recorded under the version that sampled it (a merged-weights server answers
-    under its one model name, whatever version it holds)."""
-    if group.policy_version == version:
+    under its one model name, whatever version it holds). Attempts another model wrote (a
+    reviewer's reflections) keep their own name."""
+    served = group.policy_version
+    if served == version:
         return group
-    attempts = [a.model_copy(update={"policy_version": version}) for a in group.attempts]
+    attempts = [
+        a.model_copy(update={"policy_version": version}) if a.policy_version == served else a
+        for a in group.attempts
+    ]
     return group.model_copy(update={"policy_version": version, "attempts": attempts})
 
 

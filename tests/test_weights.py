@@ -20,8 +20,7 @@ from bench import chaos
 from memory import folders
 from serving import weights
 from serving.errors import ServingError
-from serving.server import ServerSettings, VllmServer
-from tests.conftest import SERVER_PYTHON, _require, free_port
+from tests.conftest import tiny_vllm
 from trainer.merge import merge_version
 
 pytestmark = pytest.mark.vllm
@@ -42,17 +41,7 @@ def versions(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def merged_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    if not SERVER_PYTHON.is_file():
-        _require("FLYWHEEL_REQUIRE_VLLM", "no model server environment (run `make setup`)")
-    settings = ServerSettings(
-        python=SERVER_PYTHON,
-        model_path=tiny_model_path,
-        served_name=tiny_model_path.name,
-        port=free_port(),
-        weights="merged",
-        log_path=tmp_path_factory.mktemp("merged") / "vllm.log",
-    )
-    with VllmServer(settings) as server:
+    with tiny_vllm(tiny_model_path, tmp_path_factory.mktemp("merged"), weights="merged") as server:
         yield server
 
 

@@ -260,3 +260,19 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
             "done": 0,
             "failed": 0,
         }
+
+
+def test_a_group_from_a_merged_server_is_recorded_under_its_version() -> None:
+    """A merged-weights server answers under its one model name: the group and the policy's
+    attempts take the version's name; a reviewer's reflection keeps its own."""
+    from flows.worker import _as_version
+    from tests.conftest import make_group
+
+    group = make_group([1.0, 0.0]).model_copy(update={"policy_version": "base"})
+    reflection = group.attempts[1].model_copy(
+        update={"sample_index": 2, "kind": "reflection", "policy_version": "reviewer"}
+    )
+    group = group.model_copy(update={"attempts": [*group.attempts, reflection]})
+    recorded = _as_version(group, "policy-r1")
+    assert recorded.policy_version == "policy-r1"
+    assert [a.policy_version for a in recorded.attempts] == ["policy-r1", "policy-r1", "reviewer"]

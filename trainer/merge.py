@@ -30,7 +30,6 @@ PROMPTS = (
     "Name three colours.",
 )
 REFERENCE_TOKENS = 12
-REFERENCE = "reference.json"
 
 
 def merge_version(base_model: Path, adapter: Path, root: Path, name: str) -> Path:
@@ -50,7 +49,7 @@ def merge_version(base_model: Path, adapter: Path, root: Path, name: str) -> Pat
     staging = folders.staging_dir(root, name)
     merged.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
-    (staging / REFERENCE).write_text(json.dumps(references(merged, tokenizer)) + "\n")
+    (staging / folders.REFERENCE).write_text(json.dumps(references(merged, tokenizer)) + "\n")
     path = folders.publish(staging, root, name)
     log.info("merged version %s published at %s", name, path)
     return path

@@ -47,6 +47,7 @@ from serving.server import ServerSettings, VllmServer  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
 
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
+STRUCK_TOKENS = 256  # rollouts a fault strikes in the middle of: long enough on a fast machine
 Batch = tuple[int, str, str]
 
 
@@ -63,13 +64,15 @@ class Row(BaseModel):
 class Scene:
     """One collection batch against `url`, a worker on it in a thread, and a clock of stores."""
 
-    def __init__(self, url: str, model: str, db_url: str, tasks: int, group_size: int) -> None:
+    def __init__(
+        self, url: str, model: str, db_url: str, tasks: int, group_size: int, max_tokens: int = 32
+    ) -> None:
         self.url, self.model, self.group_size = url, model, group_size
         self.engine: Engine = store.open_store(db_url)
         self.batch: Batch = (1, "train", model)
         self.tasks = train_tasks("arithmetic", tasks, seed=5, held_out=[])
         self.stored_at: list[float] = []
-        sampling = CollectSettings(group_size=group_size, max_tokens=32)
+        sampling = CollectSettings(group_size=group_size, max_tokens=max_tokens)
         with store.transaction(self.engine) as session:
             workqueue.enqueue(
                 session,
@@ -151,12 +154,16 @@ def running_requests(url: str) -> float:
     return sum(values)
 
 
-def wait_busy(url: str, at_least: int, timeout_s: float = 120.0) -> None:
+def wait_busy(url: str, at_least: int, batch: threading.Thread, timeout_s: float = 120.0) -> None:
+    """Until the server runs `at_least` requests at once; a batch that ended first is an error
+    (the fault would strike nothing)."""
     deadline = time.monotonic() + timeout_s
     while running_requests(url) < at_least:
+        if not batch.is_alive():
+            raise RuntimeError(f"the batch ended before the server ran {at_least} requests at once")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the server never ran {at_least} requests at once")
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 def engine_pids(server_pid: int) -> list[int]:
@@ -203,9 +210,9 @@ def supervised_server(model_path: Path, log_path: Path, port: int) -> Iterator[V
 
 def server_killed(server: VllmServer, db_url: str, tasks: int, group_size: int) -> Row:
     """SIGKILL the server's API process with the batch's rollouts in flight."""
-    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size)
+    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, STRUCK_TOKENS)
     thread = scene.collect(worker_settings())
-    wait_busy(server.url, at_least=min(32, tasks * group_size))
+    wait_busy(server.url, min(32, tasks * group_size), thread)
     assert server.pid is not None
     struck = time.monotonic()
     os.kill(server.pid, signal.SIGKILL)
@@ -215,9 +222,9 @@ def server_killed(server: VllmServer, db_url: str, tasks: int, group_size: int) 
 
 def server_stalled(server: VllmServer, db_url: str, tasks: int, group_size: int) -> Row:
     """Stop the engine processes only: `/health` answers, no token comes."""
-    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size)
+    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, STRUCK_TOKENS)
     thread = scene.collect(worker_settings())
-    wait_busy(server.url, at_least=min(32, tasks * group_size))
+    wait_busy(server.url, min(32, tasks * group_size), thread)
     assert server.pid is not None
     struck = time.monotonic()
     for pid in engine_pids(server.pid):

@@ -26,7 +26,7 @@ from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
 from memory.records import Attempt, Sample, SamplingSettings
-from verifiers.catalog import CODE_SETS, averify
+from verifiers.catalog import averify, runs_code
 from verifiers.task import Task
 
 PREFIX = "Strategy:"
@@ -117,7 +117,7 @@ async def states_answer(task: Task, strategy: str) -> bool:
     """Whether the verifier accepts the strategy line itself as the answer: then it is an
     answer, not a strategy, and is neither shown to later attempts nor counted per strategy.
     (Code is never run for this: a line is not a program.)"""
-    if task.taskset in CODE_SETS:
+    if runs_code(task.taskset):
         return False
     return (await averify(task, strategy)).correct
 

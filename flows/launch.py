@@ -234,10 +234,16 @@ def _use_local_prefect(workdir: Path, port: int) -> None:
 def run_settings(args: argparse.Namespace, **fixed: Any) -> Any:
     """Run settings from defaults, --config and flags; checked, with the store opened once."""
     from memory.store import open_store
-    from verifiers.catalog import check
+    from verifiers.catalog import check, has_worked_example
+    from verifiers.errors import VerifierError
 
     fixed = {"db_url": db_url(args), "workdir": args.workdir, **fixed}
     settings = flags.run_settings(args, fixed)
     check(settings.taskset)
+    if settings.guided_fraction > 0 and not has_worked_example(settings.taskset):
+        raise VerifierError(
+            f"task set {settings.taskset!r} has no worked example for guided attempts to show: "
+            "give it one, or run with --guided-fraction 0"
+        )
     open_store(settings.db_url).dispose()
     return settings

@@ -28,7 +28,9 @@ class RunSettings(BaseModel):
     tasks: int = Field(64, ge=1, description="train tasks per round, drawn fresh each round")
     group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")
-    taskset: str = Field("arithmetic", description="task set: a name or gym:NAME")
+    taskset: str = Field(
+        "arithmetic", description="task set: a name, gym:NAME, or a plugin's module:attribute"
+    )
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")

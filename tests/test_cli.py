@@ -48,6 +48,9 @@ def test_help(command: list[str]) -> None:
     ("args", "message"),
     [
         (["--taskset", "nope"], "unknown task set 'nope'"),
+        (["--taskset", "no_such_module:tasks"], "no module 'no_such_module' here"),
+        (["--taskset", "examples.tasksets.larger:verify"], "is a function, not a TaskSet"),
+        (["--taskset", "verifiers.taskset:TaskSet"], "has no train_tasks, eval_tasks, verify"),
         (["--rounds", "0"], "--rounds: Input should be greater than or equal to 1"),
         (["--group-size", "1"], "--group-size: Input should be greater than or equal to 2"),
         (["--guided-fraction", "2"], "--guided-fraction: Input should be less than or equal to 1"),

@@ -416,6 +416,24 @@ def test_a_round_of_episodes_through_the_cli(
     assert summary["baseline_pass_at_1"] is not None
 
 
+def test_a_round_on_a_plugin_task_set_through_the_cli(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    name = "examples.tasksets.larger:larger"
+    db, summary = run_once(
+        tmp_path,
+        *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
+        str(tiny_model_path),
+        *("--server-url", tiny_server, "--taskset", name),
+    )
+    assert summary["taskset"] == name and summary["baseline_pass_at_1"] is not None
+    with store.transaction(store.open_store(db)) as session:
+        groups = store.load_groups(session, "train", round_index=1)
+    assert {g.taskset for g in groups} == {name} and len(groups) == 2
+    assert all(g.task_id.startswith(f"{name}:") for g in groups)
+    assert all(a.reason.startswith(("correct", "wrong")) for g in groups for a in g.attempts)
+
+
 def test_a_server_with_the_wrong_model_ends_the_run_with_one_line(
     tiny_server: str, smollm2_path: Path, tmp_path: Path, capsys
 ) -> None:

@@ -18,9 +18,9 @@ from tests.test_advantages import with_attempts
 from tests.test_policy import client_for, completion
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
-from verifiers.catalog import CODE_PROMPT
 from verifiers.reasoning import eval_tasks
 from verifiers.task import Task
+from verifiers.taskset import CODE_PROMPT
 
 TASK = eval_tasks("arithmetic", 1)[0]
 REFLECTION = {

@@ -9,13 +9,18 @@
 2. Healthy means `/health` answers 200 *and* a 1-token generation succeeds: a dead engine can still
    answer some routes. A probe that times out on a busy server still counts as alive when the
    engine's generated-token counter (`/metrics`) moved since the last probe.
-3. Every failure is one line: the port is taken, the interpreter is missing, or the server died or
+3. Tool calls work the OpenAI way (`tools`, `tool_choice` auto, required or named): the server
+   parses `<tool_call>` blocks into `tool_calls` (vLLM's `hermes` parser, the format of the Qwen2.5
+   template). A model whose chat template ignores tools, SmolLM2's, is served with its twin from
+   `serving/templates/` that adds them and renders everything else exactly as the original.
+4. Every failure is one line: the port is taken, the interpreter is missing, or the server died or
    never became healthy, with the last lines of its log.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -37,6 +42,10 @@ from serving.errors import ServingError
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 8
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+TOOL_TEMPLATES = {  # the sha256 of a chat template that ignores tools: its twin with tools
+    "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788": "smollm2_tools.jinja",
+}
 
 
 class ServerSettings(BaseModel):
@@ -55,6 +64,7 @@ class ServerSettings(BaseModel):
     max_lora_rank: int = 16
     max_loras: int = 4
     kv_cache_gib: int = 2
+    tool_parser: str | None = "hermes"  # how `<tool_call>` blocks become OpenAI tool_calls
     cpus: str | None = None  # cores its compute threads are pinned to, e.g. "0" or "2-3"
     startup_timeout_s: float = 300.0
     probe_timeout_s: float = 15.0
@@ -250,7 +260,16 @@ class VllmServer:
             "--max-model-len",
             str(s.max_model_len),
             *self._lora_flags(),
+            *self._tool_flags(),
         ]
+
+    def _tool_flags(self) -> list[str]:
+        s = self.settings
+        if s.tool_parser is None:
+            return []
+        flags = ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_parser]
+        template = tools_template(s.model_path)
+        return [*flags, "--chat-template", str(template)] if template else flags
 
     def _lora_flags(self) -> list[str]:
         s = self.settings
@@ -274,6 +293,15 @@ class VllmServer:
         if self.settings.cpus is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpus
         return env
+
+
+def tools_template(model_path: Path) -> Path | None:
+    """The tool-aware twin of a model folder's chat template, where it ignores tools."""
+    own = model_path / "chat_template.jinja"
+    if not own.is_file():
+        return None
+    twin = TOOL_TEMPLATES.get(hashlib.sha256(own.read_bytes()).hexdigest())
+    return TEMPLATES / twin if twin else None
 
 
 def side_by_side(

@@ -218,3 +218,58 @@ def test_old_versions_are_unloaded_beyond_the_limit(
     assert state["versions"] == ["evict-2", "evict-3", "evict-4"]
     served = {m["id"] for m in httpx.get(f"{tiny_server}/v1/models").json()["data"]}
     assert "evict-1" not in served and {"evict-2", "evict-3", "evict-4"} <= served
+
+
+BALANCE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_balance",
+        "description": "The balance of an account.",
+        "parameters": {
+            "type": "object",
+            "properties": {"account": {"type": "string"}},
+            "required": ["account"],
+        },
+    },
+}
+
+
+def test_an_openai_client_calls_tools_through_the_gateway(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """`tools` with tool_choice auto, required and named, through the gateway: accepted, and a
+    forced choice constrains the reply to a call of that tool (the random model then fills the
+    arguments with whitespace until `max_tokens`, so it is read from the text); a conversation
+    that carries tool calls and their results renders and is answered."""
+    import openai
+
+    engine = store.open_store(f"sqlite:///{tmp_path / 'tools.db'}")
+    seed_promoted(engine, tiny_model_path.name)
+    settings = GatewaySettings(
+        upstreams=[tiny_server],
+        base_model_path=tiny_model_path,
+        checkpoint_root=tmp_path / "adapters",
+        user_keys=frozenset({"user-key"}),
+        admin_keys=frozenset({"admin-key"}),
+    )
+    with running(create_app(settings, engine), port=free_port()) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="user-key", max_retries=0)
+        ask = [{"role": "user", "content": "What is the balance of account a?"}]
+        common = {"model": "policy", "messages": ask, "tools": [BALANCE_TOOL], "max_tokens": 24}
+        auto = client.chat.completions.create(**common, tool_choice="auto")
+        assert auto.choices[0].message.role == "assistant"
+        named = {"type": "function", "function": {"name": "get_balance"}}
+        for choice in ("required", named):
+            answer = client.chat.completions.create(**common, tool_choice=choice).choices[0]
+            calls, text = answer.message.tool_calls, answer.message.content or ""
+            forced = text.startswith("<tool_call>") and '"name": "get_balance"' in text
+            assert [c.function.name for c in calls or []] == ["get_balance"] or forced, answer
+        call = {"id": "call-1", "type": "function",
+                "function": {"name": "get_balance", "arguments": '{"account": "a"}'}}  # fmt: skip
+        follow = [
+            *ask,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call-1", "content": "42"},
+        ]
+        after = client.chat.completions.create(**{**common, "messages": follow})
+        assert after.choices[0].message.role == "assistant"

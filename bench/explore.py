@@ -10,7 +10,10 @@ judgements come from the reviewer, and each method is judged twice: at equal pol
 (reviewer tokens free) and at equal cost, where a reviewer token costs `--reviewer-cost` policy
 tokens (measured by `bench/reviewer.py` on this machine: both servers busy, each on its cores).
 Reported per method: the share solved with Wilson's 95% interval, the paired difference from
-plain sampling on the same tasks with its 95% interval, first-attempt pass@1, and tokens spent.
+plain sampling on the same tasks with its 95% interval (and the tasks each solved that the other
+did not), first-attempt pass@1, tokens spent, and what the method's guidance found: successes by
+source (bare attempts, self-written strategies, guided prompts, retries after a reflection) and
+the tasks only guidance solved, where none of the method's own bare attempts did.
 Real SmolLM2 on the CPU vLLM server.
 
     .venv/bin/python bench/explore.py [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
@@ -24,6 +27,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,16 +37,15 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from intervals import paired_difference, wilson  # noqa: E402
-from smollm2_server import policy_and_reviewer  # noqa: E402
-
 from agents.collector import collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
+from bench.intervals import paired_difference, wilson  # noqa: E402
+from bench.smollm2_server import policy_and_reviewer  # noqa: E402
 from flows.table import text_table  # noqa: E402
-from memory.records import FIRST_KINDS, Attempt, Group  # noqa: E402
+from memory.records import FIRST_KINDS, ROLLOUT_KINDS, Attempt, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
@@ -167,6 +170,7 @@ async def run_method(
         "solved_at_cost_interval": wilson(sum(at_cost), len(at_cost)),
         "first_attempt_pass_at_1": statistics.fmean(bool(a and a.correct) for a in first),
         "tokens_per_task": statistics.fmean(spent.values()),
+        **guidance_found(list(groups.values())),
         "reviewer_tokens_per_task": reviewer_tokens / len(tasks),
         "attempts": len(attempts),
         "errors": sum(a.error is not None for a in attempts),
@@ -174,9 +178,35 @@ async def run_method(
     }
 
 
+def source(attempt: Attempt) -> str:
+    """What led to an attempt: nothing (bare), the policy's own strategy line, guidance in the
+    prompt (a worked example, insights, lessons), or a reflection (a retry)."""
+    if attempt.kind == "retry":
+        return "retry"
+    if attempt.guided:
+        return "guided"
+    return "strategy" if attempt.strategy else "bare"
+
+
+def guidance_found(groups_per_task: list[list[Group]]) -> dict[str, Any]:
+    """Successes by source, and the tasks that guidance solved where no bare attempt did."""
+    by_source: Counter[str] = Counter()
+    only_guidance = 0
+    for groups in groups_per_task:
+        rollouts = [a for g in groups for a in g.attempts if a.kind in ROLLOUT_KINDS]
+        sources = {source(a) for a in rollouts if a.correct}
+        by_source.update(source(a) for a in rollouts if a.correct)
+        only_guidance += bool(sources) and "bare" not in sources
+    return {"successes_by_source": dict(by_source), "tasks_only_guidance_solved": only_guidance}
+
+
 def compare(results: dict[str, dict[str, Any]], plain: dict[str, Any]) -> None:
-    """Each method against plain sampling on the same tasks: ratio and paired difference."""
+    """Each method against plain sampling on the same tasks: ratio, paired difference, and
+    the tasks each solved that the other did not."""
     for figures in results.values():
+        pairs = list(zip(figures["solved_per_task"], plain["solved_per_task"], strict=True))
+        figures["solved_not_plain"] = sum(m and not p for m, p in pairs)
+        figures["plain_not_solved"] = sum(p and not m for m, p in pairs)
         for key in ("solved", "solved_at_cost"):
             base = plain[key]
             figures[f"{key}_vs_plain"] = figures[key] / base if base else None
@@ -207,7 +237,8 @@ def solved_within(
 
 def print_table(result: dict[str, Any]) -> None:
     header = ["method", "solved (95% CI)", "vs plain", "minus plain (95% CI)"]
-    header += ["at equal cost", "vs plain", "pass@1 first", "tokens/task", "reviewer/task"]
+    header += ["won/lost", "at equal cost", "vs plain", "pass@1 first", "tokens/task"]
+    header += ["reviewer/task", "only guidance"]
     rows = []
     for method, f in result["methods"].items():
         rows.append([
@@ -215,11 +246,13 @@ def print_table(result: dict[str, Any]) -> None:
             share(f["solved"], f["solved_interval"]),
             ratio(f.get("solved_vs_plain")),
             difference(f.get("solved_minus_plain")),
+            f"{f.get('solved_not_plain', '-')}/{f.get('plain_not_solved', '-')}",
             share(f["solved_at_cost"], f["solved_at_cost_interval"]),
             ratio(f.get("solved_at_cost_vs_plain")),
             f"{f['first_attempt_pass_at_1']:.3f}",
             f"{f['tokens_per_task']:.0f}",
             f"{f['reviewer_tokens_per_task']:.0f}",
+            str(f.get("tasks_only_guidance_solved", "-")),
         ])  # fmt: skip
     print(text_table(header, rows))
     s = result["settings"]
@@ -228,7 +261,8 @@ def print_table(result: dict[str, Any]) -> None:
         f"\n{s['tasks']} {s['taskset']} tasks, {s['budget']} policy tokens per task, groups of "
         f"{s['group_size']}, reviewer {s['reviewer']} (one token costs {cost} policy tokens); "
         "solved = at least one verified success (goal: a method >= 1.3x plain at equal "
-        "cost)"
+        "cost); won/lost = tasks it solved that plain did not, and the reverse; only guidance = "
+        "tasks solved by guided attempts or retries and by none of its own bare attempts"
     )
 
 

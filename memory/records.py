@@ -83,7 +83,8 @@ class PolicyVersion(Record):
 class Attempt(Record):
     """One rollout of one task: the messages, what was sampled, and the verifier's verdict.
 
-    A failed rollout (server error, timeout) is data: `error` says why and reward is 0.
+    A rollout that failed by its own doing (a request the server refused as bad) is data:
+    `error` says why and reward is 0. A server that could not answer is never an attempt.
 
     `context` names the guidance that was in the prompt ("bare" when none); a guided attempt
     keeps `bare_prompt_token_ids`, the prompt without guidance, so training can distil it into

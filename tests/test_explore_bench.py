@@ -1,0 +1,44 @@
+"""The exploration benchmark's accounting: what counts as solved within a budget, and what the
+guidance found that bare attempts did not."""
+
+from __future__ import annotations
+
+from bench.explore import compare, guidance_found, solved_within, source
+from tests.conftest import make_group
+from tests.test_advantages import with_attempts
+
+
+def test_sources_and_the_tasks_only_guidance_solved() -> None:
+    bare_win = make_group([0.0, 1.0])
+    first, second = make_group([1.0, 0.0], task_id="t2").attempts
+    strategy_win = [first.model_copy(update={"strategy": "count up"}), second]
+    guided_win = make_group([0.0, 1.0], task_id="t3").attempts
+    guided_win = [guided_win[0], guided_win[1].model_copy(update={"context": "demo"})]
+    retry = make_group([1.0], task_id="t4").attempts[0].model_copy(update={"kind": "retry"})
+    reflection = retry.model_copy(update={"kind": "reflection", "correct": True})
+    lost = make_group([0.0, 0.0], task_id="t4")
+    groups = [
+        [bare_win],
+        [with_attempts(bare_win, strategy_win)],
+        [with_attempts(bare_win, guided_win)],
+        [with_attempts(lost, [*lost.attempts, reflection, retry])],
+    ]
+    assert [source(a) for a in strategy_win + guided_win] == ["strategy", "bare", "bare", "guided"]
+    found = guidance_found(groups)
+    assert found["successes_by_source"] == {"bare": 1, "strategy": 1, "guided": 1, "retry": 1}
+    assert found["tasks_only_guidance_solved"] == 3  # a reflection is not a success
+
+
+def test_a_success_past_the_budget_is_not_solved_and_pairs_are_counted() -> None:
+    group = make_group([0.0, 0.0, 1.0])
+    late = with_attempts(
+        group, [a.model_copy(update={"generated_tokens": 5}) for a in group.attempts]
+    )
+    # the success ends at token 15
+    assert solved_within([late], budget=15) and not solved_within([late], budget=14)
+    method = {"solved_per_task": [True, True, False], "solved": 2 / 3}
+    method |= {"solved_at_cost_per_task": [True, False, False], "solved_at_cost": 1 / 3}
+    plain = {"solved_per_task": [False, True, True], "solved": 2 / 3, "solved_at_cost": 2 / 3}
+    compare({"m": method}, plain)
+    assert (method["solved_not_plain"], method["plain_not_solved"]) == (1, 1)
+    assert method["solved_vs_plain"] == 1.0 and method["solved_at_cost_vs_plain"] == 0.5

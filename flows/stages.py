@@ -3,7 +3,8 @@
 1. `collect` enqueues a batch on the store's work queue and works it here, with any other
    workers sharing the store, until every task is done; a task that failed for good fails the
    stage, so a batch is complete or it is an error, never a partial answer.
-2. `curate` grows the experience library from a round's valid insights and improved retries.
+2. `curate` grows the experience library from a round's lessons the verifier confirmed: the
+   principles of retries that beat their parent, and insights a later attempt succeeded with.
 3. `train` runs one TRL round on complete groups and publishes the adapter.
 4. `merge` folds the round's adapter into the base weights (merged mode); `swap` serves the
    new version, as an adapter or as merged weights reloaded in place. It is the one stage
@@ -36,7 +37,7 @@ from flows.settings import RunSettings
 from memory import library, store, workqueue
 from memory.embedding import Embedder
 from memory.library import Admission, LibrarySettings
-from memory.records import Group, GroupPurpose, LessonDraft, PolicyVersion
+from memory.records import Attempt, Group, GroupPurpose, LessonDraft, PolicyVersion
 from memory.retrieval import Index
 from serving.adapters import ensure_loaded
 from trainer.round import RoundResult, train_round
@@ -148,9 +149,36 @@ def _planner(
 
 @task(cache_policy=NO_CACHE)
 def curate(settings: RunSettings, groups: list[Group]) -> Admission:
-    """Grow the library from this round: valid insights, and the principles of retries that
-    beat their parent, for the task set."""
-    drafts = [
+    """Grow the library from this round's lessons that the verifier confirmed."""
+    drafts = confirmed_lessons(groups)
+    with store.transaction(engine(settings.db_url)) as session:
+        report = library.admit(session, drafts, LibrarySettings(), _embedder().embed_bytes)
+        size = library.size(session)
+    get_run_logger().info(
+        "library: %d lessons added, %d merged, %d refused; %d active",
+        len(report.added), len(report.merged), len(report.refused), size,
+    )  # fmt: skip
+    return report
+
+
+def confirmed_lessons(groups: list[Group]) -> list[LessonDraft]:
+    """Lessons the verifier confirmed, for the task set: the principle of a retry that beat its
+    parent, and a well-formed insight that was in the prompt of a later attempt that succeeded
+    (an insight nothing succeeded with stays out)."""
+    helped = {
+        line
+        for g in groups
+        for a in g.attempts
+        if a.context == "insights" and a.correct and a.guidance
+        for line in a.guidance.splitlines()
+    }
+
+    def confirmed(attempt: Attempt) -> bool:
+        if attempt.kind == "insight":
+            return attempt.format_ok and attempt.guidance in helped
+        return attempt.kind == "retry" and bool(attempt.improved)
+
+    return [
         LessonDraft(
             kind="insight" if a.kind == "insight" else "principle",
             scope="task_type",
@@ -160,17 +188,8 @@ def curate(settings: RunSettings, groups: list[Group]) -> Admission:
         )
         for g in groups
         for a in g.attempts
-        if a.guidance
-        and ((a.kind == "insight" and a.format_ok) or (a.kind == "retry" and a.improved))
+        if a.guidance and confirmed(a)
     ]
-    with store.transaction(engine(settings.db_url)) as session:
-        report = library.admit(session, drafts, LibrarySettings(), _embedder().embed_bytes)
-        size = library.size(session)
-    get_run_logger().info(
-        "library: %d lessons added, %d merged, %d refused; %d active",
-        len(report.added), len(report.merged), len(report.refused), size,
-    )  # fmt: skip
-    return report
 
 
 @cache

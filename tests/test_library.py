@@ -9,7 +9,7 @@ from sqlalchemy import Engine
 from memory import library
 from memory.errors import StoreError
 from memory.library import LibrarySettings
-from memory.records import Lesson, LessonDraft
+from memory.records import Attempt, Lesson, LessonDraft
 from memory.retrieval import Index
 from memory.store import open_store, save_group, transaction
 from tests.conftest import make_group
@@ -231,3 +231,26 @@ def test_admission_stores_embeddings_for_retrieval(db_url: str, embedder) -> Non
         entries = library.lessons(session)
     hits = Index(entries, vectors, embedder).search("check the sign", "t", "arithmetic")
     assert [h.lesson.id for h in hits] == [entry_id] and hits[0].score > 0.4
+
+
+def test_only_lessons_the_verifier_confirmed_are_drafted() -> None:
+    from flows.stages import confirmed_lessons
+
+    group = make_group([0.0, 1.0, 0.0, 0.0])
+    base, guided, retry, *_ = group.attempts
+    kept, unused, malformed = "Add the tens first.", "Guess big.", "Mind the sign."
+
+    def insight(text: str, format_ok: bool = True) -> Attempt:
+        return base.model_copy(update={"kind": "insight", "guidance": text, "format_ok": format_ok})
+
+    attempts = [
+        base,
+        guided.model_copy(update={"context": "insights", "guidance": f"{kept}\n{malformed}"}),
+        retry.model_copy(update={"kind": "retry", "guidance": "Carry the one.", "improved": True}),
+        retry.model_copy(update={"kind": "retry", "guidance": "Count twice.", "improved": False}),
+        insight(kept), insight(unused), insight(malformed, format_ok=False),
+    ]  # fmt: skip
+    drafts = confirmed_lessons([group.model_copy(update={"attempts": attempts})])
+    assert [(d.kind, d.text) for d in drafts] == [
+        ("principle", "Carry the one."), ("insight", kept)
+    ]  # fmt: skip

@@ -1,10 +1,12 @@
 """Reflect-then-retry (R3L): a reflection on a failed attempt, then a retry from its pivot.
 
 1. The reflector (the policy itself unless another endpoint is configured) sees the task, the
-   attempt and the verifier's feedback, never the reference answer, and returns JSON:
-   summary, root cause, outcome class, a reusable principle and `retry_from_step`. The call
-   asks the server for JSON that fits the schema; the reply is still validated, and an
-   invalid one is recorded with its reason and leads to no retry.
+   attempt and the verifier's verdict and feedback lines, never the reference answer, and
+   returns JSON: summary, root cause, outcome class, a reusable principle and
+   `retry_from_step` ("full"), or only the principle, and the step for an episode ("brief":
+   about a quarter of the tokens). The call asks the server for JSON that fits the schema; the
+   reply is still validated, and an invalid one is recorded with its reason and leads to no
+   retry.
 2. A reflection that calls the attempt a success leads to no retry either. The schema sent for
    an attempt the verifier did not fully reward leaves "success" out, so a weak reflector
    cannot contradict the verifier.
@@ -42,7 +44,17 @@ REFLECT_SYSTEM = (
     'reusable rule that would have avoided the mistake) and "retry_from_step" (0 to redo the '
     "whole answer)."
 )
+BRIEF_SYSTEM = (
+    "You review one failed attempt at a task. Reply with a JSON object only, with the key "
+    '"principle": one short rule, under 20 words, that would have avoided the mistake, without '
+    "giving this task's answer."
+)
+BRIEF_STEP = (
+    ' Add the key "retry_from_step": the number of the first step that went wrong (0 to redo '
+    "everything)."
+)
 REFLECT_MAX_TOKENS = 200
+BRIEF_MAX_TOKENS = 64
 Reply = TypeVar("Reply", bound=BaseModel)
 
 
@@ -58,10 +70,32 @@ class Reflection(BaseModel):
     retry_from_step: int = Field(0, ge=0)
 
 
-def reflection_format(attempt: Attempt) -> dict[str, Any]:
-    """The JSON schema the server must follow when reflecting on `attempt`."""
-    schema = Reflection.model_json_schema()
-    if attempt.reward < FULL_REWARD:
+class BriefReflection(BaseModel):
+    """A principle alone (and for an episode, the step to retry from): asked only about an
+    attempt short of full reward, so its outcome is a failure."""
+
+    model_config = ConfigDict(frozen=True)
+
+    principle: str = Field(min_length=3, max_length=200)
+    retry_from_step: int = Field(0, ge=0)
+
+    @property
+    def outcome(self) -> Literal["failure"]:
+        return "failure"
+
+
+AnyReflection = Reflection | BriefReflection
+
+
+def reflection_format(attempt: Attempt, brief: bool = False, steps: bool = True) -> dict[str, Any]:
+    """The JSON schema the server must follow when reflecting on `attempt` (`steps`: whether
+    the attempt has steps to retry from)."""
+    schema = (BriefReflection if brief else Reflection).model_json_schema()
+    if brief:
+        schema["required"] = ["principle", "retry_from_step"] if steps else ["principle"]
+        if not steps:
+            del schema["properties"]["retry_from_step"]
+    elif attempt.reward < FULL_REWARD:
         schema["properties"]["outcome"]["enum"] = ["success_but_inefficient", "failure"]
     return {"type": "json_schema", "json_schema": {"name": "reflection", "schema": schema}}
 
@@ -71,6 +105,8 @@ def review_messages(system: str, question: str, attempt: Attempt) -> Messages:
     verdict, never the reference answer."""
     text = attempt.sample.text if attempt.sample else ""
     feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
+    if attempt.feedback:
+        feedback += "\nIts feedback:\n" + "\n".join(f"- {line}" for line in attempt.feedback)
     return [
         {"role": "system", "content": system},
         {"role": "user", "content": f"Task: {question}\n\nAttempt: {text}\n\n{feedback}"},
@@ -87,17 +123,22 @@ def parse_reply(record: type[Reply], text: str, what: str) -> Reply | str:
         return f"invalid {what}: {describe(exc)}"
 
 
-def parse_reflection(text: str) -> Reflection | str:
+def parse_reflection(text: str, brief: bool = False) -> AnyReflection | str:
+    if brief:
+        return parse_reply(BriefReflection, text, "reflection")
     return parse_reply(Reflection, text, "reflection")
 
 
 async def reflect(
-    reviewer: Endpoint, question: str, attempt: Attempt
-) -> tuple[Attempt, Reflection | None]:
-    """Reflect on `attempt`; the reflection is returned as an attempt of kind "reflection"."""
+    reviewer: Endpoint, question: str, attempt: Attempt, brief: bool = False, steps: bool = False
+) -> tuple[Attempt, AnyReflection | None]:
+    """Reflect on `attempt` (`brief`: the principle alone; `steps`: an episode, whose step to
+    retry from is asked too); the reflection is returned as an attempt of kind "reflection"."""
     client, model = reviewer.client, reviewer.model
-    messages = review_messages(REFLECT_SYSTEM, question, attempt)
-    sampling = SamplingSettings(temperature=0.3, max_tokens=REFLECT_MAX_TOKENS)
+    system = (BRIEF_SYSTEM + (BRIEF_STEP if steps else "")) if brief else REFLECT_SYSTEM
+    messages = review_messages(system, question, attempt)
+    limit = BRIEF_MAX_TOKENS if brief else REFLECT_MAX_TOKENS
+    sampling = SamplingSettings(temperature=0.3, max_tokens=limit)
     record = {
         "sample_index": attempt.sample_index,
         "kind": "reflection",
@@ -111,14 +152,13 @@ async def reflect(
         "answer": None,
     }
     try:
-        sample = await client.sample(
-            model, messages, sampling, response_format=reflection_format(attempt)
-        )
+        answer_format = reflection_format(attempt, brief, steps)
+        sample = await client.sample(model, messages, sampling, response_format=answer_format)
     except PolicyError as exc:
         failed = Attempt(**record, sample=None, format_ok=False, reason="reflection failed")
         return failed.model_copy(update={"error": str(exc)}), None
-    parsed = parse_reflection(sample.text)
-    valid = parsed if isinstance(parsed, Reflection) else None
+    parsed = parse_reflection(sample.text, brief)
+    valid = None if isinstance(parsed, str) else parsed
     reason = "valid reflection" if valid is not None else str(parsed)
     if valid is not None and sample.finish_reason == "length":
         reason += ", truncated"
@@ -132,7 +172,7 @@ async def reflect(
     return reflection, valid
 
 
-def wants_retry(attempt: Attempt, reflection: Reflection | None) -> bool:
+def wants_retry(attempt: Attempt, reflection: AnyReflection | None) -> bool:
     """R3L: retry an attempt short of full reward whose reflection is valid and does not call
     it a success."""
     return (
@@ -155,10 +195,11 @@ async def reflect_and_retry(
         a for a in attempts if not a.guided and a.sample and a.reward < FULL_REWARD and not a.error
     ]
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    episodic = is_episodic(task.taskset)
     extras: list[Attempt] = []
 
-    async def retry(parent: Attempt, reflection: Reflection) -> Attempt:
-        if is_episodic(task.taskset):
+    async def retry(parent: Attempt, reflection: AnyReflection) -> Attempt:
+        if episodic:
             return await retry_episode(
                 policy.client, environment(task), parent, reflection.principle,
                 reflection.retry_from_step, sampling,
@@ -167,7 +208,9 @@ async def reflect_and_retry(
 
     async def one(parent: Attempt) -> None:
         async with limiter:
-            reflection_attempt, reflection = await reflect(reviewer, task.question, parent)
+            reflection_attempt, reflection = await reflect(
+                reviewer, task.question, parent, settings.reflection == "brief", episodic
+            )
         if not wants_retry(parent, reflection):
             extras.append(reflection_attempt)
             return
@@ -189,7 +232,7 @@ async def hint_retry(
     task: Task,
     system: str,
     parent: Attempt,
-    reflection: Reflection,
+    reflection: AnyReflection,
     sampling: SamplingSettings,
 ) -> Attempt:
     """A one-step retry with the principle in the system prompt, paired with its parent."""

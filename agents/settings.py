@@ -3,6 +3,8 @@ down (a worker receives it in each work item's plan)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from agents.strategy import StrategySettings
@@ -21,6 +23,7 @@ class CollectSettings(BaseModel):
     system_prompt: str | None = None  # None: the task set's own
     guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
     reflect_retry: bool = False
+    reflection: Literal["full", "brief"] = "full"  # brief: the principle alone
     insights: bool = False
     strategy: StrategySettings | None = None
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo

@@ -52,6 +52,7 @@ from verifiers.task import Task  # noqa: E402
 METHODS: dict[str, dict[str, Any]] = {
     "plain": {},
     "r3l": {"reflect_retry": True},
+    "r3l-brief": {"reflect_retry": True, "reflection": "brief"},
     "sge": {"strategy": StrategySettings()},
     "sge+r3l": {"strategy": StrategySettings(), "reflect_retry": True},
     "sge+r3l+insights": {"strategy": StrategySettings(), "reflect_retry": True, "insights": True},

@@ -28,6 +28,7 @@ FLAGGED = (
     "guided_fraction",
     "sge",
     "reflect_retry",
+    "reflection",
     "insights",
     "reviewer",
     "reviewer_url",

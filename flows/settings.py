@@ -41,6 +41,11 @@ class RunSettings(BaseModel):
     sge: bool = Field(False, description="strategy first, then the answer (SGE)")
     strategy: StrategySettings = StrategySettings()
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
+    reflection: Literal["full", "brief"] = Field(
+        "full",
+        description="what a reflection holds: summary, root cause, outcome and principle, or "
+        "the principle alone (brief, about a quarter of the reviewer's tokens)",
+    )
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
     reviewer_url: str | None = Field(
         None, description="an endpoint for reflections and judgements; none: the policy itself"
@@ -99,6 +104,7 @@ class RunSettings(BaseModel):
             max_tokens=self.max_tokens,
             guided_fraction=self.guided_fraction,
             reflect_retry=self.reflect_retry,
+            reflection=self.reflection,
             insights=self.insights,
             strategy=self.strategy if self.sge else None,
         )

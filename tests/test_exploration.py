@@ -11,7 +11,7 @@ import pytest
 from agents.collector import collect_groups
 from agents.errors import ServerUnavailable
 from agents.policy import Endpoint
-from agents.reflection import parse_reflection
+from agents.reflection import Reflection, parse_reflection, review_messages
 from agents.settings import CollectSettings
 from memory.records import Group, Sample
 from tests.test_advantages import with_attempts
@@ -125,6 +125,31 @@ def test_a_failed_attempt_is_reflected_on_and_retried_with_the_principle() -> No
         # The reflector sees the attempt and the verifier's verdict, never the reference.
         assert "999" in reflection.messages[1]["content"]
         assert TASK.answer not in reflection.messages[1]["content"].replace("999", "")
+
+
+def test_a_brief_reflection_asks_for_the_principle_alone_and_sees_the_feedback() -> None:
+    asked: list[dict] = []
+    principle = {"principle": "Subtracting a negative number adds it."}
+
+    def handler(body: dict) -> httpx.Response:
+        if "response_format" in body:
+            asked.append(body)
+        return reflecting_server(json.dumps(principle), TASK.answer)(body)
+
+    settings = CollectSettings(group_size=2, reflect_retry=True, reflection="brief")
+    group = run(handler, settings)
+    retries = [a for a in group.attempts if a.kind == "retry"]
+    assert len(retries) == 2 and all(
+        r.correct and r.guidance == principle["principle"] for r in retries
+    )
+    schema = asked[0]["response_format"]["json_schema"]["schema"]
+    assert schema["required"] == ["principle"] and list(schema["properties"]) == ["principle"]
+    assert asked[0]["max_tokens"] == 64 and "under 20 words" in asked[0]["messages"][0]["content"]
+    assert parse_reflection(json.dumps(principle), brief=True).outcome == "failure"
+    assert isinstance(parse_reflection(json.dumps(REFLECTION), brief=False), Reflection)
+    failed = group.first_attempts[0].model_copy(update={"feedback": ["failed: f(2) returned 3"]})
+    prompt = review_messages("system", TASK.question, failed)[1]["content"]
+    assert prompt.endswith("Its feedback:\n- failed: f(2) returned 3")
 
 
 def test_invalid_or_success_reflections_lead_to_no_retry() -> None:

@@ -17,7 +17,8 @@ the tasks only guidance solved, where none of the method's own bare attempts did
 Real SmolLM2 on the CPU vLLM server.
 
     .venv/bin/python bench/explore.py [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
-        [--reviewer-cost C] [--server-url URL] [--json PATH]
+        [--reviewer-cost C] [--methods plain,r3l,...] [--plain-from JSON] [--server-url URL]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ def main() -> None:
         default=None,
         help="policy tokens per reviewer token (default: bench/reviewer.py's)",
     )
+    parser.add_argument(
+        "--plain-from",
+        type=Path,
+        default=None,
+        help="take the plain arm from an earlier run's JSON (the same tasks and budget)",
+    )
     parser.add_argument("--server-url", default=None)
     parser.add_argument("--port", type=int, default=8031)
     parser.add_argument("--json", type=Path, default=None)
@@ -88,7 +95,7 @@ def main() -> None:
     servers = policy_and_reviewer(args.server_url, args.port, "vllm-explore.log", args.reviewer)
     with servers as (url, model, reviewer_url, reviewer_model):
         reviewer = (reviewer_url, reviewer_model) if reviewer_url and reviewer_model else None
-        results: dict[str, dict[str, Any]] = {}
+        results = stored_plain(parser, args) if args.plain_from else {}
         result = {"settings": {k: str(v) for k, v in vars(args).items()}, "methods": results}
         for method in methods:  # the JSON is rewritten after each method: a stop keeps them
             results[method] = anyio.run(run_method, method, tasks, args, url, model.name, reviewer)
@@ -97,6 +104,22 @@ def main() -> None:
             if args.json:
                 args.json.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
+
+
+SAME = ("taskset", "tasks", "budget", "group_size", "max_tokens")
+
+
+def stored_plain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The plain arm of an earlier run on the same tasks (seeded), checked to match."""
+    try:
+        earlier = json.loads(args.plain_from.read_text())
+        settings, plain = earlier["settings"], earlier["methods"]["plain"]
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"--plain-from {args.plain_from}: no plain arm there ({exc})")
+    differ = [k for k in SAME if settings.get(k) != str(getattr(args, k))]
+    if differ:
+        parser.error(f"--plain-from {args.plain_from}: its {', '.join(differ)} differ from these")
+    return {"plain": {**plain, "from": str(args.plain_from)}}
 
 
 def measured_cost(parser: argparse.ArgumentParser) -> float:

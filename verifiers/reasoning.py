@@ -61,6 +61,14 @@ PRESETS: dict[str, Preset] = {
             "3 + 4 = 7. <answer>7</answer>",
         ),
     ),
+    "two_digit_sums": Preset(  # the harder second set: greedy pass@1 0.172 on 64 held-out
+        "chain_sum",
+        {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2},
+        (
+            "State the final answer to the following arithmetic problem: 58 - 23 =",
+            "58 - 23 = 35. <answer>35</answer>",
+        ),
+    ),
     "equations": Preset(
         "simple_equations",
         {

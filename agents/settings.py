@@ -23,7 +23,7 @@ class CollectSettings(BaseModel):
     system_prompt: str | None = None  # None: the task set's own
     guided_fraction: float = Field(0.0, ge=0.0, le=1.0)
     reflect_retry: bool = False
-    reflection: Literal["full", "brief"] = "full"  # brief: the principle alone
+    reflection: Literal["full", "brief"] = "brief"  # brief: the principle alone
     insights: bool = False
     strategy: StrategySettings | None = None
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo

@@ -52,8 +52,9 @@ from verifiers.task import Task  # noqa: E402
 
 METHODS: dict[str, dict[str, Any]] = {
     "plain": {},
-    "r3l": {"reflect_retry": True},
+    "r3l": {"reflect_retry": True},  # brief reflections, the default
     "r3l-brief": {"reflect_retry": True, "reflection": "brief"},
+    "r3l-full": {"reflect_retry": True, "reflection": "full"},
     "sge": {"strategy": StrategySettings()},
     "sge+r3l": {"strategy": StrategySettings(), "reflect_retry": True},
     "sge+r3l+insights": {"strategy": StrategySettings(), "reflect_retry": True, "insights": True},
@@ -184,6 +185,7 @@ async def run_method(
     first = [next((a for a in gs[0].attempts if not a.guided), None) for gs in groups.values()]
     attempts = [a for gs in groups.values() for g in gs for a in g.attempts]
     reviewer_tokens = sum(a.generated_tokens for a in attempts if a.policy_version != model)
+    reflections = [a for a in attempts if a.kind == "reflection"]
     print(f"[{method}] done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return {
         "solved_per_task": at_tokens,
@@ -196,6 +198,8 @@ async def run_method(
         "tokens_per_task": statistics.fmean(spent.values()),
         **guidance_found(list(groups.values())),
         "reviewer_tokens_per_task": reviewer_tokens / len(tasks),
+        "reflections": len(reflections),
+        "reflections_valid": sum(a.format_ok for a in reflections),
         "attempts": len(attempts),
         "errors": sum(a.error is not None for a in attempts),
         "seconds": time.monotonic() - started,

@@ -42,9 +42,9 @@ class RunSettings(BaseModel):
     strategy: StrategySettings = StrategySettings()
     reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
     reflection: Literal["full", "brief"] = Field(
-        "full",
-        description="what a reflection holds: summary, root cause, outcome and principle, or "
-        "the principle alone (brief, about a quarter of the reviewer's tokens)",
+        "brief",
+        description="what a reflection holds: the principle alone (brief: a quarter of the "
+        "reviewer's tokens, and more tasks solved), or summary, root cause, outcome and principle",
     )
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
     reviewer_url: str | None = Field(

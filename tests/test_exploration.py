@@ -110,7 +110,7 @@ def reflecting_server(reflection_text: str, retry_answer: str) -> Callable[[dict
 
 def test_a_failed_attempt_is_reflected_on_and_retried_with_the_principle() -> None:
     handler = reflecting_server(json.dumps(REFLECTION), TASK.answer)
-    group = run(handler, CollectSettings(group_size=2, reflect_retry=True))
+    group = run(handler, CollectSettings(group_size=2, reflect_retry=True, reflection="full"))
     assert group.complete and len(group.first_attempts) == 2
     retries = [a for a in group.attempts if a.kind == "retry"]
     reflections = [a for a in group.attempts if a.kind == "reflection"]
@@ -159,7 +159,8 @@ def test_invalid_or_success_reflections_lead_to_no_retry() -> None:
         (json.dumps({**REFLECTION, "outcome": "success"}), "valid reflection"),
     ]:
         group = run(
-            reflecting_server(text, TASK.answer), CollectSettings(group_size=1, reflect_retry=True)
+            reflecting_server(text, TASK.answer),
+            CollectSettings(group_size=1, reflect_retry=True, reflection="full"),
         )
         assert [a.kind for a in group.attempts] == ["base", "reflection"]
         assert group.attempts[1].reason.startswith(reason)

@@ -7,8 +7,11 @@ own token counters rather than by a fixed timeout.
    measured. Counters that have not moved for `stall_s` while requests wait: the server is
    stalled, and every waiting request ends with `ServerUnavailable`.
 2. A request's deadline is the time the server needs, at the measured rate, for every token in
-   flight ahead of it, times `slack`, kept within [`floor_s`, `ceiling_s`]. A busy server gets
-   the time its queue needs; a dead one is found by the stall watch in about `stall_s`.
+   flight with it, times `slack`, kept within [`floor_s`, `ceiling_s`]. It is sized when the
+   request starts and grows, at each look at the counters, with the requests that joined it
+   since (they share the server's batch), so a full batch on a slow server is not cut off at
+   the floor. A busy server gets the time its queue needs; a dead one is found by the stall
+   watch in about `stall_s`.
 3. A request that ends early closes its connection, and vLLM aborts a request whose client has
    gone, so nothing abandoned keeps the server busy. Nothing is sent again from here: the work
    queue retries whole groups, with backoff, so retries never pile onto a slow server.
@@ -76,18 +79,20 @@ class Watchdog:
         self._in_flight += 1
         self._tokens_ahead += max_tokens
         try:
-            with anyio.fail_after(deadline):
-                return await self._watched(call)
+            with anyio.fail_after(self.settings.ceiling_s):
+                return await self._watched(call, time.monotonic(), deadline)
         except TimeoutError:
             raise ServerUnavailable(
-                f"{self._root} gave no answer in {deadline:.0f} s "
+                f"{self._root} gave no answer in {self.settings.ceiling_s:.0f} s "
                 f"({self._in_flight} requests in flight)"
             ) from None
         finally:
             self._in_flight -= 1
             self._tokens_ahead -= max_tokens
 
-    async def _watched(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _watched(
+        self, call: Callable[[], Awaitable[T]], started: float, deadline: float
+    ) -> T:
         result: list[T] = []
 
         async def run() -> None:
@@ -98,16 +103,25 @@ class Watchdog:
             async with anyio.create_task_group() as tg:
                 scope = tg.cancel_scope
                 tg.start_soon(run)
-                await self._watch()
+                await self._watch(started, deadline)
         except BaseExceptionGroup as group:  # one task failed; the other was cancelled
             raise group.exceptions[0]  # noqa: B904 - its own cause is the one to keep
         return result[0]
 
-    async def _watch(self) -> None:
+    async def _watch(self, started: float, deadline: float) -> None:
+        """Until the request ends: a passed deadline or a stall raised, the counters read (the
+        ceiling bounds it all, a slow read of the counters included)."""
         while True:
-            await anyio.sleep(self.settings.poll_s)
+            left = started + deadline - time.monotonic()
+            await anyio.sleep(max(min(self.settings.poll_s, left), 0.0))
             async with self._lock:
                 now = time.monotonic()
+                deadline = max(deadline, self.deadline(0))  # the queue it shares now
+                if now - started >= deadline:
+                    raise ServerUnavailable(
+                        f"{self._root} gave no answer in {deadline:.0f} s "
+                        f"({self._in_flight} requests in flight)"
+                    )
                 if now - self._checked >= self.settings.poll_s:
                     self._checked = now
                     await self._read(now)

@@ -143,6 +143,43 @@ def test_a_request_past_its_deadline_ends_and_is_not_sent_again() -> None:
     assert len(calls) == 1
 
 
+def test_a_deadline_grows_with_the_requests_that_join_it() -> None:
+    """Alone, a 1.5 s answer is past its 1 s deadline; with 20 requests joining it (the batch it
+    shares, at the assumed 100 tokens/s) its deadline grows and the answer is taken."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        await anyio.sleep(1.5)
+        return httpx.Response(200, json=completion("ok", [1]))
+
+    async def main(companions: int) -> list[str]:
+        watchdog = WatchdogSettings(poll_s=0.2, floor_s=1.0, ceiling_s=10.0, assumed_rate=100)
+        client = PolicyClient(
+            "http://scripted",
+            watchdog=watchdog,
+            http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        )
+        texts: list[str] = []
+
+        async def one() -> None:
+            texts.append((await client.sample("m", MESSAGES, SAMPLING)).text)
+
+        if not companions:
+            await one()
+            return texts
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one)
+            await anyio.sleep(0.05)
+            for _ in range(companions):
+                tg.start_soon(one)
+        return texts
+
+    with pytest.raises(ServerUnavailable, match="gave no answer in 1 s"):
+        anyio.run(main, 0)
+    assert anyio.run(main, 20) == ["ok"] * 21
+
+
 def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:
     tasks = eval_tasks("arithmetic", 3)
     answers = {t.question: t.answer for t in tasks}

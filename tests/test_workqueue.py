@@ -4,6 +4,7 @@ out and are taken again, and 4 processes claiming at once with no item claimed t
 from __future__ import annotations
 
 import multiprocessing
+import time
 from collections import Counter
 
 from memory import workqueue
@@ -103,6 +104,7 @@ def _claim_until_empty(db_url: str, owner: str, found: multiprocessing.Queue, st
             claimed = workqueue.claim(session, owner, limit=3, lease_s=600)
         if not claimed:
             break
+        time.sleep(0.05)  # working on them: one process alone cannot drain the queue at once
         with transaction(engine) as session:
             for item in claimed:
                 workqueue.complete(session, item.id)

@@ -92,9 +92,9 @@ def reflection_format(attempt: Attempt, brief: bool = False, steps: bool = True)
     the attempt has steps to retry from)."""
     schema = (BriefReflection if brief else Reflection).model_json_schema()
     if brief:
-        schema["required"] = ["principle", "retry_from_step"] if steps else ["principle"]
         if not steps:
             del schema["properties"]["retry_from_step"]
+        schema["required"] = list(schema["properties"])
     elif attempt.reward < FULL_REWARD:
         schema["properties"]["outcome"]["enum"] = ["success_but_inefficient", "failure"]
     return {"type": "json_schema", "json_schema": {"name": "reflection", "schema": schema}}

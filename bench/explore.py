@@ -222,8 +222,8 @@ def guidance_found(groups_per_task: list[list[Group]]) -> dict[str, Any]:
     only_guidance = 0
     for groups in groups_per_task:
         rollouts = [a for g in groups for a in g.attempts if a.kind in ROLLOUT_KINDS]
-        sources = {source(a) for a in rollouts if a.correct}
-        by_source.update(source(a) for a in rollouts if a.correct)
+        sources = [source(a) for a in rollouts if a.correct]
+        by_source.update(sources)
         only_guidance += bool(sources) and "bare" not in sources
     return {"successes_by_source": dict(by_source), "tasks_only_guidance_solved": only_guidance}
 

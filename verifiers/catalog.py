@@ -13,11 +13,11 @@ code runs at most one sandbox per CPU core at a time.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import os
 import random
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import cache, partial
 from typing import Any, TypeVar
 
@@ -28,8 +28,15 @@ from verifiers.episode import Environment
 from verifiers.errors import VerifierError
 from verifiers.guessing import GuessingGame
 from verifiers.ledger import Ledger
-from verifiers.task import Split, Task
-from verifiers.taskset import ANSWER_PROMPT, CODE_PROMPT, Score, TaskItem, TaskSet
+from verifiers.task import Split, Task, task_id
+from verifiers.taskset import (
+    ANSWER_PROMPT,
+    CODE_PROMPT,
+    Score,
+    TaskItem,
+    TaskSet,
+    from_object,
+)
 from verifiers.verdict import FULL_REWARD, Verdict
 
 __all__ = ["ANSWER_PROMPT", "CODE_PROMPT"]
@@ -54,12 +61,9 @@ def get(name: str) -> TaskSet:
     """The task set `name` stands for; a one-line error if there is none."""
     if name in reasoning.PRESETS or name.startswith(reasoning.GYM_PREFIX):
         return _reasoning(name)
-    if name == coding.TASKSET:
-        return _code(coding.train_tasks, coding.eval_tasks, coding.verify, coding.EXAMPLE)
-    if name == humaneval.TASKSET:
-        return _code(
-            humaneval.train_tasks, humaneval.eval_tasks, humaneval.verify, humaneval.EXAMPLE
-        )
+    if name in CODE_SETS:
+        module = coding if name == coding.TASKSET else humaneval
+        return replace(from_object(module), system_prompt=CODE_PROMPT, runs_code=True)
     if name in ENVIRONMENTS:
         return TaskSet(environment=ENVIRONMENTS[name])
     if ":" in name or name in plugin.registered():
@@ -109,9 +113,10 @@ def train_tasks(name: str, count: int, seed: int, held_out: Iterable[Task]) -> l
         return [_episode_task(name, "train", s) for s in seeds]
     assert taskset.train_tasks is not None
     held = list(held_out)
-    tasks = _train_draw(name, taskset.train_tasks, count, seed, held)
-    if len(tasks) < count and not _takes_held_out(taskset.train_tasks):
-        tasks = _train_draw(name, taskset.train_tasks, count + len(held), seed, held)
+    sees_held_out = _takes_held_out(taskset.train_tasks)
+    tasks = _train_draw(name, taskset.train_tasks, count, seed, held, sees_held_out)
+    if len(tasks) < count and not sees_held_out:
+        tasks = _train_draw(name, taskset.train_tasks, count + len(held), seed, held, False)
     if len(tasks) < count:
         raise VerifierError(
             f"task set {name!r} gave {len(tasks)} train tasks apart from its held-out ones; "
@@ -167,22 +172,6 @@ def _reasoning(name: str) -> TaskSet:
     )
 
 
-def _code(
-    train: Callable[[int, int], list[Task]],
-    held_out: Callable[[int], list[Task]],
-    verify: Callable[[Task, str], Verdict],
-    example: tuple[str, str],
-) -> TaskSet:
-    return TaskSet(
-        train_tasks=train,
-        eval_tasks=held_out,
-        verify=verify,
-        system_prompt=CODE_PROMPT,
-        worked_example=example,
-        runs_code=True,
-    )
-
-
 def _call(name: str, part: str, function: Callable[..., T], *args: Any) -> T:
     """A task set's own code, its failure one line that names it."""
     try:
@@ -195,11 +184,16 @@ def _call(name: str, part: str, function: Callable[..., T], *args: Any) -> T:
 
 
 def _train_draw(
-    name: str, draw: Callable[..., Sequence[TaskItem]], count: int, seed: int, held: list[Task]
+    name: str,
+    draw: Callable[..., Sequence[TaskItem]],
+    count: int,
+    seed: int,
+    held: list[Task],
+    sees_held_out: bool,
 ) -> list[Task]:
-    """Train tasks from the task set's own draw, those with a held-out question left out (a
-    draw that cannot see the held-out tasks is asked once more for enough to spare)."""
-    args = (count, seed, held) if _takes_held_out(draw) else (count, seed)
+    """Train tasks from the task set's own draw (given the held-out tasks when it takes them),
+    those with a held-out question left out."""
+    args = (count, seed, held) if sees_held_out else (count, seed)
     questions = {task.question for task in held}
     drawn = _tasks(name, "train", _call(name, "train_tasks", draw, *args))
     return [task for task in drawn if task.question not in questions]
@@ -227,9 +221,8 @@ def _task(name: str, split: Split, item: TaskItem) -> Task:
         return item.model_copy(update={"taskset": name, "split": split})
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         question, answer = item
-        digest = hashlib.sha256(question.encode()).hexdigest()[:16]
         return Task(
-            task_id=f"{name}:{digest}", taskset=name, split=split, question=question,
+            task_id=task_id(name, question), taskset=name, split=split, question=question,
             answer=str(answer),
         )  # fmt: skip
     raise VerifierError(

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import reasoning_gym
 
 from verifiers.answer import extract_answer
 from verifiers.errors import VerifierError
-from verifiers.task import Split, Task
+from verifiers.task import Split, Task, task_id
 from verifiers.verdict import FULL_REWARD, Verdict
 
 UNFORMATTED_CREDIT = 0.5
@@ -161,7 +160,7 @@ def _unique_tasks(name: str, split: Split, count: int, seed: int, exclude: set[s
         if question in exclude or question in tasks:
             continue
         tasks[question] = Task(
-            task_id=_task_id(name, question),
+            task_id=task_id(name, question),
             taskset=name,
             split=split,
             question=question,
@@ -175,7 +174,3 @@ def _unique_tasks(name: str, split: Split, count: int, seed: int, exclude: set[s
 def _dataset(name: str, size: int, seed: int) -> Any:
     chosen = preset(name)
     return reasoning_gym.create_dataset(chosen.generator, size=size, seed=seed, **chosen.config)
-
-
-def _task_id(name: str, question: str) -> str:
-    return f"{name}:{hashlib.sha256(question.encode()).hexdigest()[:16]}"

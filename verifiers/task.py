@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -20,3 +21,8 @@ class Task(BaseModel):
     split: Split
     question: str
     answer: str
+
+
+def task_id(taskset: str, question: str) -> str:
+    """A task's id: its task set and a hash of its question, so the same question is one task."""
+    return f"{taskset}:{hashlib.sha256(question.encode()).hexdigest()[:16]}"

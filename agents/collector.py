@@ -11,7 +11,8 @@
 4. The methods, each in its own module: what each slot's prompt holds (`agents.slots`: guided
    half-groups, SGE's strategy-first sampling and its second wave); RLTLDR's sequential
    attempts with judged insights (`agents.insight`); R3L's reflections and retries
-   (`agents.reflection`). Guided attempts keep the bare prompt's ids, as the server tokenised
+   (`agents.reflection`); HeRL's hindsight revision of a group that all failed
+   (`agents.revision`). Guided attempts keep the bare prompt's ids, as the server tokenised
    them, so training can distil them.
 """
 
@@ -28,9 +29,11 @@ from agents.errors import ServerUnavailable
 from agents.insight import InsightBoard, sequential_attempts
 from agents.policy import Endpoint, PolicyClient
 from agents.reflection import reflect_and_retry
+from agents.revision import revise
 from agents.settings import CollectSettings
 from agents.slots import wave
 from memory.records import Attempt, Group, GroupPurpose
+from verifiers.catalog import is_episodic
 from verifiers.task import Task
 
 __all__ = ["collect_group", "collect_groups", "first_failure"]
@@ -127,6 +130,11 @@ async def collect_group(
     attempts = await _with_bare_ids(attempts, client, model, bare)
     if settings.reflect_retry:
         attempts += await reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
+    if settings.revise and not is_episodic(task.taskset):
+        async with limiter:
+            attempts += await revise(
+                policy, reviewer, task, settings.system(task), attempts, settings.max_tokens
+            )
     return Group(
         round_index=round_index,
         purpose=purpose,

@@ -97,6 +97,11 @@ class PolicyClient:
         }
         return await self._tokenize(body, model)
 
+    async def tokenize_closed_turn(self, model: str, messages: list[dict[str, Any]]) -> list[int]:
+        """The ids of `messages` as a finished conversation: its last turn closed by the
+        template's end-of-turn token."""
+        return await self._tokenize({"messages": messages, "add_generation_prompt": False}, model)
+
     async def tokenize_text(self, model: str, text: str) -> list[int]:
         """The ids of plain `text`, without special tokens (vLLM's /tokenize)."""
         return await self._tokenize({"prompt": text, "add_special_tokens": False}, model)

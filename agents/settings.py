@@ -25,6 +25,7 @@ class CollectSettings(BaseModel):
     reflect_retry: bool = False
     reflection: Literal["full", "brief"] = "brief"  # brief: the principle alone
     insights: bool = False
+    revise: bool = False  # HeRL: the reviewer revises a group's best failure (agents.revision)
     strategy: StrategySettings | None = None
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo
         (),

@@ -155,15 +155,24 @@ def running_requests(url: str) -> float:
 
 
 def wait_busy(url: str, at_least: int, batch: threading.Thread, timeout_s: float = 120.0) -> None:
-    """Until the server runs `at_least` requests at once; a batch that ended first is an error
-    (the fault would strike nothing)."""
-    deadline = time.monotonic() + timeout_s
-    while running_requests(url) < at_least:
+    """Until the server runs `at_least` requests at once. A batch that ended first raises its own
+    error, or says how busy the server got (the fault would strike nothing)."""
+    started, peak = time.monotonic(), 0.0
+    while (running := running_requests(url)) < at_least:
+        peak = max(peak, running)
+        waited = time.monotonic() - started
         if not batch.is_alive():
-            raise RuntimeError(f"the batch ended before the server ran {at_least} requests at once")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the server never ran {at_least} requests at once")
-        time.sleep(0.05)
+            finish(batch)
+            raise RuntimeError(
+                f"the batch ended after {waited:.1f} s, before the server ran {at_least} requests"
+                f" at once (at most {peak:.0f} seen)"
+            )
+        if waited > timeout_s:
+            raise TimeoutError(
+                f"the server never ran {at_least} requests at once in {timeout_s:.0f} s"
+                f" (at most {peak:.0f})"
+            )
+        time.sleep(0.02)
 
 
 def engine_pids(server_pid: int) -> list[int]:
@@ -212,7 +221,7 @@ def server_killed(server: VllmServer, db_url: str, tasks: int, group_size: int) 
     """SIGKILL the server's API process with the batch's rollouts in flight."""
     scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, STRUCK_TOKENS)
     thread = scene.collect(worker_settings())
-    wait_busy(server.url, min(32, tasks * group_size), thread)
+    wait_busy(server.url, min(16, tasks * group_size), thread)
     assert server.pid is not None
     struck = time.monotonic()
     os.kill(server.pid, signal.SIGKILL)
@@ -224,7 +233,7 @@ def server_stalled(server: VllmServer, db_url: str, tasks: int, group_size: int)
     """Stop the engine processes only: `/health` answers, no token comes."""
     scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, STRUCK_TOKENS)
     thread = scene.collect(worker_settings())
-    wait_busy(server.url, min(32, tasks * group_size), thread)
+    wait_busy(server.url, min(16, tasks * group_size), thread)
     assert server.pid is not None
     struck = time.monotonic()
     for pid in engine_pids(server.pid):

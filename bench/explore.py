@@ -12,8 +12,10 @@ tokens (measured by `bench/reviewer.py` on this machine: both servers busy, each
 Reported per method: the share solved with Wilson's 95% interval, the paired difference from
 plain sampling on the same tasks with its 95% interval (and the tasks each solved that the other
 did not), first-attempt pass@1, tokens spent, and what the method's guidance found: successes by
-source (bare attempts, self-written strategies, guided prompts, retries after a reflection) and
-the tasks only guidance solved, where none of the method's own bare attempts did.
+source (bare attempts, self-written strategies, guided prompts, retries after a reflection, the
+reviewer's verified revisions of a group that all failed: HeRL) and the tasks only guidance
+solved, where none of the method's own bare attempts did. A revision is a success to train on,
+written by the reviewer: its tokens are priced as the reviewer's.
 Real SmolLM2 on the CPU vLLM server.
 
     .venv/bin/python bench/explore.py [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
@@ -46,7 +48,7 @@ from agents.strategy import StrategySettings  # noqa: E402
 from bench.intervals import paired_difference, wilson  # noqa: E402
 from bench.smollm2_server import policy_and_reviewer  # noqa: E402
 from flows.table import text_table  # noqa: E402
-from memory.records import FIRST_KINDS, ROLLOUT_KINDS, Attempt, Group  # noqa: E402
+from memory.records import FIRST_KINDS, VERIFIED_KINDS, Attempt, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
@@ -55,6 +57,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "r3l": {"reflect_retry": True},  # brief reflections, the default
     "r3l-brief": {"reflect_retry": True, "reflection": "brief"},
     "r3l-full": {"reflect_retry": True, "reflection": "full"},
+    "herl": {"revise": True},
+    "r3l+herl": {"reflect_retry": True, "revise": True},
     "sge": {"strategy": StrategySettings()},
     "sge+r3l": {"strategy": StrategySettings(), "reflect_retry": True},
     "sge+r3l+insights": {"strategy": StrategySettings(), "reflect_retry": True, "insights": True},
@@ -186,6 +190,7 @@ async def run_method(
     attempts = [a for gs in groups.values() for g in gs for a in g.attempts]
     reviewer_tokens = sum(a.generated_tokens for a in attempts if a.policy_version != model)
     reflections = [a for a in attempts if a.kind == "reflection"]
+    revisions = [a for a in attempts if a.kind == "revision"]
     print(f"[{method}] done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return {
         "solved_per_task": at_tokens,
@@ -200,6 +205,8 @@ async def run_method(
         "reviewer_tokens_per_task": reviewer_tokens / len(tasks),
         "reflections": len(reflections),
         "reflections_valid": sum(a.format_ok for a in reflections),
+        "revisions": len(revisions),
+        "revisions_verified": sum(a.correct for a in revisions),
         "attempts": len(attempts),
         "errors": sum(a.error is not None for a in attempts),
         "seconds": time.monotonic() - started,
@@ -208,9 +215,10 @@ async def run_method(
 
 def source(attempt: Attempt) -> str:
     """What led to an attempt: nothing (bare), the policy's own strategy line, guidance in the
-    prompt (a worked example, insights, lessons), or a reflection (a retry)."""
-    if attempt.kind == "retry":
-        return "retry"
+    prompt (a worked example, insights, lessons), a reflection (a retry), or the reviewer's
+    revision of a failure (HeRL)."""
+    if attempt.kind in ("retry", "revision"):
+        return attempt.kind
     if attempt.guided:
         return "guided"
     return "strategy" if attempt.strategy else "bare"
@@ -221,7 +229,7 @@ def guidance_found(groups_per_task: list[list[Group]]) -> dict[str, Any]:
     by_source: Counter[str] = Counter()
     only_guidance = 0
     for groups in groups_per_task:
-        rollouts = [a for g in groups for a in g.attempts if a.kind in ROLLOUT_KINDS]
+        rollouts = [a for g in groups for a in g.attempts if a.kind in VERIFIED_KINDS]
         sources = [source(a) for a in rollouts if a.correct]
         by_source.update(sources)
         only_guidance += bool(sources) and "bare" not in sources

@@ -10,10 +10,16 @@ settings except for what the arm changes. Arms:
              single-item groups; about the same number of sampled rollouts
     rltldr   the default: mean-only advantages, rows filtered to 75% positive
     plain    GRPO on plain sampling: no guidance at all
+    herl     plain sampling, and HeRL: the reviewer revises the best attempt of each group that
+             all failed, and a verified revision is trained off-policy in its group
+
+With `--reviewer NAME` each arm's run starts that reviewer beside it for reflections,
+judgements and revisions; without it the policy reviews itself.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
-    .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--json P] [--png P]
+    .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--reviewer NAME] [--json P]
+        [--png P]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "r3l": {"reflect_retry": True, "halve_group": True, "train": {"mode": "r3l"}},
     "rltldr": {"train": {"mode": "rltldr"}},
     "plain": {"guided_fraction": 0.0, "train": {"mode": "grpo"}},
+    "herl": {"guided_fraction": 0.0, "revise": True, "train": {"mode": "grpo"}},
 }
 
 
@@ -50,6 +57,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=64)
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
+    parser.add_argument("--reviewer", default=None, help="a reviewer model each arm's run serves")
     parser.add_argument("--port", type=int, default=8021)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
@@ -88,6 +96,8 @@ def run_arm(arm: str, args: argparse.Namespace, server_url: str, model: Path) ->
             "--eval-tasks", str(args.eval_tasks),
             "--summary-json", str(summary_path),
         ]  # fmt: skip
+        if args.reviewer:
+            command += ["--reviewer", args.reviewer]
         print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
         started = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, check=False)

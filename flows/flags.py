@@ -30,6 +30,7 @@ FLAGGED = (
     "reflect_retry",
     "reflection",
     "insights",
+    "revise",
     "reviewer",
     "reviewer_url",
     "reviewer_model",

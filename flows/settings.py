@@ -47,6 +47,11 @@ class RunSettings(BaseModel):
         "reviewer's tokens, and more tasks solved), or summary, root cause, outcome and principle",
     )
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
+    revise: bool = Field(
+        False,
+        description="the reviewer revises the best attempt of a group that all failed, and a "
+        "revision the verifier passes is trained off-policy (HeRL)",
+    )
     reviewer_url: str | None = Field(
         None, description="an endpoint for reflections and judgements; none: the policy itself"
     )
@@ -106,6 +111,7 @@ class RunSettings(BaseModel):
             reflect_retry=self.reflect_retry,
             reflection=self.reflection,
             insights=self.insights,
+            revise=self.revise,
             strategy=self.strategy if self.sge else None,
         )
 

@@ -38,7 +38,7 @@ from memory.models import (
     VerdictRow,
 )
 from memory.records import (
-    ROLLOUT_KINDS,
+    VERIFIED_KINDS,
     Attempt,
     Group,
 )
@@ -173,7 +173,7 @@ def _attempt_parts(
         parts[StepRow].append({"attempt_id": attempt_id, **step_columns(step)})
     if attempt.sample is None or attempt.error is not None:
         return
-    if attempt.kind in ROLLOUT_KINDS:
+    if attempt.kind in VERIFIED_KINDS:
         parts[VerdictRow].append(
             {
                 "attempt_id": attempt_id,

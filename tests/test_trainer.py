@@ -58,6 +58,32 @@ def test_round_without_signal_fails_loudly(tiny_model_path: Path, tmp_path: Path
         )
 
 
+def test_a_group_that_all_failed_learns_from_its_verified_revision(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    failed = make_group([0.0, 0.0, 0.0, 0.0], completion_len=6)
+    parent = failed.attempts[1]
+    assert parent.sample is not None
+    ids = {"completion_token_ids": [200, 201, 202], "logprobs": [0.0] * 3}
+    fix = parent.sample.model_copy(update=ids)
+    revision = parent.model_copy(
+        update={"kind": "revision", "parent_index": 1, "context": "revision", "sample": fix,
+                "reward": 1.0, "correct": True, "improved": True}
+    )  # fmt: skip
+    result = train_round(
+        [failed.model_copy(update={"attempts": [*failed.attempts, revision]})],
+        base_model=tiny_model_path,
+        parent_adapter=None,
+        checkpoint_root=tmp_path,
+        name="policy-r1",
+        settings=FAST,
+    )
+    # Slot 3 gave its place to the revision; the other three are pushed down, the parent least.
+    assert result.contexts == {"bare": 3, "revision": 1}
+    assert folders.is_complete(Path(result.adapter_path))
+    assert result.loss_first is not None and result.loss_first == result.loss_first  # not NaN
+
+
 def test_incomplete_parent_checkpoint_is_refused(tiny_model_path: Path, tmp_path: Path) -> None:
     half_written = tmp_path / "half"
     half_written.mkdir()

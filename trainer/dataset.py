@@ -12,7 +12,11 @@
 3. Pivotal credit: a retry replays its parent's first `pivot_tokens` completion tokens; those
    tokens get no gradient, in the retry and in the parent it is paired with. Forced spans
    (text the agent inserted, such as SGE's cues) get no gradient either.
-4. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
+4. HeRL: a verified revision that beats every first attempt of its group takes the slot of the
+   worst first attempt other than its parent, and the parent earns a bonus towards it,
+   r' = r + bonus * (r_rev - r). The revision is trained under the bare prompt as an off-policy
+   row (`trainer.round` weighs it with the shaped weight).
+5. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
    that led to it. RLTLDR filters the rows to a positive ratio and adds insight SFT rows (the
    insight given only the task, weight lambda).
 """
@@ -24,7 +28,7 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
 
-from memory.records import Attempt, Group
+from memory.records import FIRST_KINDS, Attempt, Group
 from trainer.advantages import advantages
 from trainer.settings import TrainSettings
 
@@ -39,6 +43,7 @@ class TrainRow(BaseModel):
     advantages: list[float]
     behaviour_logprobs: list[float]
     importance: bool = True
+    off_policy: bool = False  # written by another model: HeRL's shaped weight, not the ratio
     reward: float = 0.0
     context: str = "bare"
 
@@ -82,25 +87,63 @@ def positive_ratio_filter(rows: list[TrainRow], ratio: float, rng: random.Random
 
 
 def member_advantages(group: Group, settings: TrainSettings) -> dict[tuple[int, str], float]:
-    """The advantage each member (first attempts and retries, by sample index and kind) gets
-    in its group under `settings.mode`; what the store records on the trained segments."""
+    """The advantage each member (first attempts, retries and a revision, by sample index and
+    kind) gets in its group under `settings.mode`; what the store records on the trained
+    segments."""
     members = _members(group)
-    scores = advantages(settings.mode, [a.train_reward for a in members], settings.amplification)
+    scores = advantages(settings.mode, _rewards(members, settings), settings.amplification)
     return {(a.sample_index, a.kind): score for a, score in zip(members, scores, strict=True)}
 
 
 def _members(group: Group) -> list[Attempt]:
     retries = [a for a in group.attempts if a.kind == "retry" and a.error is None]
-    return group.first_attempts + retries
+    revision = winning_revision(group)
+    if revision is None:
+        return group.first_attempts + retries
+    return _without_worst(group.first_attempts, revision.parent_index) + retries + [revision]
+
+
+def winning_revision(group: Group) -> Attempt | None:
+    """HeRL: the group's verified revision, when it beats every first attempt."""
+    best = max((a.reward for a in group.first_attempts), default=0.0)
+    revisions = [a for a in group.attempts if a.kind == "revision" and a.error is None]
+    return next((a for a in revisions if a.sample and a.reward > best), None)
+
+
+def _without_worst(firsts: list[Attempt], keep: int | None) -> list[Attempt]:
+    """`firsts` less the lowest-rewarded attempt other than slot `keep` (the last among equals)."""
+    others = [a for a in firsts if a.sample_index != keep]
+    if not others:
+        return firsts
+    worst = min(others, key=lambda a: (a.train_reward, -a.sample_index))
+    return [a for a in firsts if a is not worst]
+
+
+def _rewards(members: list[Attempt], settings: TrainSettings) -> list[float]:
+    """Each member's training reward; a revised attempt earns HeRL's bonus towards its revision."""
+    revision = next((a for a in members if a.kind == "revision"), None)
+    parent = revision and next(
+        (a for a in members if a.kind in FIRST_KINDS and a.sample_index == revision.parent_index),
+        None,
+    )
+    rewards = []
+    for attempt in members:
+        reward = attempt.train_reward
+        if revision and attempt is parent:
+            reward += settings.revision_bonus * (revision.reward - reward)
+        rewards.append(reward)
+    return rewards
 
 
 def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
     members = _members(group)
     pivots = {a.parent_index: a.pivot_tokens for a in members if a.kind == "retry"}
-    scores = advantages(settings.mode, [a.train_reward for a in members], settings.amplification)
+    scores = advantages(settings.mode, _rewards(members, settings), settings.amplification)
     rows = []
     for attempt, advantage in zip(members, scores, strict=True):
         pivot = attempt.pivot_tokens or pivots.get(attempt.sample_index, 0)
+        if attempt.kind == "revision":
+            pivot = 0
         row = _row(attempt, advantage, pivot, settings) if advantage != 0.0 else None
         if row is None or (advantage < 0 and not row.importance and not settings.distill_negatives):
             continue
@@ -132,7 +175,9 @@ def _row(
     sample = attempt.sample
     if sample is None:
         return None
-    distill = (settings.distill_guided and attempt.guided) if distill is None else distill
+    off_policy = attempt.kind == "revision"  # its prompt is already the bare prompt
+    if distill is None:
+        distill = settings.distill_guided and attempt.guided and not off_policy
     prompt = attempt.bare_prompt_token_ids if distill else sample.prompt_token_ids
     if prompt is None:
         return None
@@ -149,14 +194,15 @@ def _row(
         labels=[IGNORE] * n_prompt + trained,
         advantages=[0.0] * n_prompt + [advantage] * n_completion,
         behaviour_logprobs=[0.0] * n_prompt + sample.logprobs[:n_completion],
-        importance=not distill,
+        importance=not distill and not off_policy,
+        off_policy=off_policy,
         reward=attempt.reward,
         context=_context_name(attempt, distill),
     )
 
 
 def _context_name(attempt: Attempt, distill: bool) -> str:
-    if attempt.kind in ("reflection", "insight"):
+    if attempt.kind in ("reflection", "insight", "revision"):
         return attempt.kind
     if not attempt.guided:
         return "bare"

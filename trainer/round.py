@@ -6,6 +6,8 @@
    L = -mean_tokens(A * w * log pi), w = min(exp(log pi - log mu), cap) detached: truncated
    importance sampling against the behaviour logprobs mu, since samples may come from an older
    version or another temperature. Distill rows (sampled under another prompt) have w = 1.
+   Off-policy rows (HeRL's revisions, written by the reviewer) take HeRL's shaped weight instead,
+   L = -A * rho / (rho + gamma), rho = pi / mu, unclipped, its gradient through rho.
 3. A new round continues from its parent's adapter when there is one, otherwise starts LoRA on
    the base model. The adapter is published atomically; a LoRA that binds no module, or whose
    weights did not move, fails the round loudly.
@@ -56,9 +58,11 @@ class RoundResult(BaseModel):
 class PolicyGradientTrainer(SFTTrainer):
     """SFTTrainer with an advantage-weighted, importance-corrected policy-gradient loss."""
 
-    def __init__(self, *args: Any, is_cap: float = 2.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, is_cap: float = 2.0, shaping_gamma: float = 0.1, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.is_cap = is_cap
+        self.is_cap, self.shaping_gamma = is_cap, shaping_gamma
 
     def compute_loss(
         self,
@@ -70,6 +74,7 @@ class PolicyGradientTrainer(SFTTrainer):
         advantages = inputs.pop("advantages")
         behaviour = inputs.pop("behaviour_logprobs")
         importance = inputs.pop("importance")
+        off_policy = inputs.pop("off_policy")
         outputs = model(**inputs, use_cache=False, fused_lm_head=True)
         # The fused head scores next tokens: position t holds log pi(token t+1 | tokens <= t).
         logp = outputs.log_probs
@@ -77,7 +82,9 @@ class PolicyGradientTrainer(SFTTrainer):
         advantages, behaviour = advantages[:, 1:], behaviour[:, 1:]
         ratio = torch.exp(logp.detach() - behaviour).clamp(max=self.is_cap)
         weight = torch.where(importance[:, None], ratio, torch.ones_like(ratio))
-        per_token = -advantages * weight * logp * mask
+        rho = torch.exp(torch.where(off_policy[:, None], logp - behaviour, 0.0))
+        shaped = rho / (rho + self.shaping_gamma)
+        per_token = torch.where(off_policy[:, None], shaped, weight * logp) * -advantages * mask
         loss = per_token.sum() / mask.sum().clamp(min=1.0)
         return (loss, outputs) if return_outputs else loss
 
@@ -115,6 +122,7 @@ def train_round(
         processing_class=tokenizer,
         peft_config=None if parent_adapter else lora_config(settings),
         is_cap=settings.is_cap,
+        shaping_gamma=settings.shaping_gamma,
     )
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(_Progress())
@@ -253,8 +261,8 @@ def _dtype(settings: TrainSettings) -> torch.dtype:
 def _dataset(rows: list[TrainRow]) -> Any:
     from datasets import Dataset
 
-    columns = ("input_ids", "labels", "advantages", "behaviour_logprobs", "importance")
-    return Dataset.from_list([row.model_dump(include=set(columns)) for row in rows])
+    columns = set(TrainRow.model_fields) - {"reward", "context"}
+    return Dataset.from_list([row.model_dump(include=columns) for row in rows])
 
 
 class _Collator:
@@ -279,6 +287,7 @@ class _Collator:
             "advantages": pad("advantages", 0.0, torch.float32),
             "behaviour_logprobs": pad("behaviour_logprobs", 0.0, torch.float32),
             "importance": torch.tensor([bool(f["importance"]) for f in features]),
+            "off_policy": torch.tensor([bool(f["off_policy"]) for f in features]),
         }
 
 

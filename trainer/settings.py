@@ -29,6 +29,8 @@ class TrainSettings(BaseModel):
     batch_size: int = 8
     max_length: int = 512
     is_cap: float = 2.0
+    shaping_gamma: float = Field(0.1, gt=0.0, description="HeRL's gamma on off-policy rows")
+    revision_bonus: float = Field(0.05, ge=0.0, description="HeRL's bonus to a revised attempt")
     seed: int = 0
     device: str = "auto"
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"

@@ -1,0 +1,106 @@
+"""HeRL's hindsight revision: the reviewer fixes a group's best failed attempt, the verifier
+checks the fix, and a fix that passes becomes an off-policy training sample.
+
+1. Only a group whose unguided first attempts all fall short of full reward is revised, and only
+   its best attempt (the lowest slot among equals).
+2. The reviewer sees the task, the attempt and the verifier's verdict and feedback lines, never
+   the reference answer, and rewrites the answer at temperature 0.3: keep what is right, fix what
+   the verifier found wrong, add nothing new.
+3. The revision is verified like any answer. Its text is tokenised by the policy's server as the
+   policy's own answer to the bare prompt, closed by the template's end-of-turn token, so
+   training can score it token for token. The reviewer's sampling probabilities belong
+   to another model: the revision's behaviour logprobs are 0 (probability 1), and training weighs
+   it with HeRL's shaped off-policy weight (`trainer.dataset`).
+4. The revision is stored as an attempt of kind "revision" paired with its parent; its tokens
+   (the reviewer's) are its cost.
+"""
+
+from __future__ import annotations
+
+from agents.context import Messages, bare_messages
+from agents.errors import PolicyError
+from agents.policy import Endpoint
+from agents.reflection import review_messages
+from memory.records import FULL_REWARD, Attempt, Sample, SamplingSettings
+from verifiers.catalog import averify
+from verifiers.task import Task
+
+REVISE_SYSTEM = (
+    "You fix a failed answer to a task. Keep what is right, fix what the verifier found wrong, "
+    "add nothing new. Reply with the corrected answer only, in the form the task asks for."
+)
+REVISE_TEMPERATURE = 0.3
+
+
+def revisable(attempts: list[Attempt]) -> Attempt | None:
+    """The attempt to revise: the best unguided first attempt of a group none of whose unguided
+    first attempts reached full reward; None when one did, or none has a sample."""
+    firsts = [a for a in attempts if a.kind == "base" and a.sample and a.error is None]
+    if not firsts or any(a.reward >= FULL_REWARD for a in firsts):
+        return None
+    return max(firsts, key=lambda a: (a.reward, -a.sample_index))
+
+
+async def revise(
+    policy: Endpoint, reviewer: Endpoint, task: Task, system: str, attempts: list[Attempt],
+    max_tokens: int,
+) -> list[Attempt]:  # fmt: skip
+    """The group's revision, as a one-item list (empty when nothing is revisable)."""
+    parent = revisable(attempts)
+    if parent is None:
+        return []
+    messages = review_messages(REVISE_SYSTEM, task.question, parent)
+    sampling = SamplingSettings(temperature=REVISE_TEMPERATURE, max_tokens=max_tokens)
+    record = {
+        "sample_index": parent.sample_index,
+        "kind": "revision",
+        "policy_version": reviewer.model,
+        "messages": messages,
+        "sampling": sampling,
+        "parent_index": parent.sample_index,
+        "context": "revision",
+    }
+    try:
+        written = await reviewer.client.sample(reviewer.model, messages, sampling)
+    except PolicyError as exc:
+        return [Attempt.failed(str(exc), **record)]
+    verdict = await averify(task, written.text)
+    sample = await as_policy_sample(policy, bare_messages(task, system), written.text, attempts)
+    reason = verdict.reason + (", truncated" if written.finish_reason == "length" else "")
+    revision = Attempt(
+        **record,
+        sample=sample,
+        generated_tokens=len(written.completion_token_ids),
+        reason=reason,
+        improved=verdict.reward > parent.reward,
+        **verdict.scores(),
+    )
+    return [revision]
+
+
+async def as_policy_sample(
+    policy: Endpoint, bare: Messages, text: str, attempts: list[Attempt]
+) -> Sample | None:
+    """`text` as the policy's answer to the bare prompt, in the policy's token ids, closed by
+    the template's end-of-turn token (the one the policy stops on); None when the server's
+    renderings do not extend each other (the revision is then kept for the record, not
+    trained)."""
+    prompt = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
+    turn = [*bare, {"role": "assistant", "content": text}]
+    try:
+        prompt = prompt or await policy.client.tokenize(policy.model, bare)
+        opened = await policy.client.tokenize_open_turn(policy.model, turn)
+        closed = await policy.client.tokenize_closed_turn(policy.model, turn)
+    except PolicyError:
+        return None
+    extends = opened[: len(prompt)] == prompt and closed[: len(opened)] == opened
+    if not extends or len(prompt) == len(opened) or len(closed) == len(opened):
+        return None
+    completion = closed[len(prompt) : len(opened) + 1]
+    return Sample(
+        text=text,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[0.0] * len(completion),
+        finish_reason="stop",
+    )

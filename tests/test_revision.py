@@ -1,0 +1,160 @@
+"""HeRL's hindsight revision: which groups are revised, what the reviewer sees, the revision's
+policy token ids, its slot and weight in training, and its place in the store."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import anyio
+import httpx
+import pytest
+import torch
+
+from agents.context import bare_messages
+from agents.policy import Endpoint, PolicyClient
+from agents.revision import REVISE_TEMPERATURE, as_policy_sample
+from agents.settings import CollectSettings
+from memory import store
+from memory.models import VerdictRow
+from memory.records import SamplingSettings
+from tests.test_exploration import TASK, collect_task, scripted
+from tests.test_policy import client_for
+from trainer.dataset import IGNORE, build_rows, member_advantages
+from trainer.round import PolicyGradientTrainer
+from trainer.settings import TrainSettings
+
+GRPO = TrainSettings(mode="grpo", max_length=64)
+WRONG = "<answer>999</answer>"
+
+
+def revise_with(reviewer_answer: str, policy_answer: str = WRONG):
+    """A group of two collected with revision on: the policy's answers, the reviewer's fix, and
+    the requests each server saw."""
+    seen: dict[str, list[dict]] = {"reviewer": [], "tokenize": []}
+
+    def reviewer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen["reviewer"].append(body)
+        return scripted(body, reviewer_answer, [3])
+
+    def policy(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            seen["tokenize"].append(body)
+            opened = body.get("continue_final_message", False)
+            return httpx.Response(200, json={"tokens": [2, 2, 30, 31] + ([] if opened else [9, 8])})
+        return scripted(body, policy_answer, [2, 2])
+
+    settings = CollectSettings(group_size=2, revise=True)
+    group = collect_task(policy, settings, Endpoint(client_for(reviewer), "judge-model"))
+    return group, seen
+
+
+def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids() -> None:
+    group, seen = revise_with(f"<answer>{TASK.answer}</answer>")
+    (revision,) = [a for a in group.attempts if a.kind == "revision"]
+    assert group.complete and revision.correct and revision.improved
+    assert revision.parent_index == revision.sample_index == 0  # the best; the lowest of equals
+    assert revision.policy_version == "judge-model" and revision.context == "revision"
+    # The reviewer saw the attempt and the verdict, never the reference, at HeRL's temperature.
+    (asked,) = seen["reviewer"]
+    shown = asked["messages"][1]["content"]
+    assert "999" in shown and "reward 0" in shown and TASK.answer not in shown.replace("999", "")
+    assert asked["temperature"] == REVISE_TEMPERATURE
+    # The policy's server tokenised the fix as its own answer, open and closed: the ids are
+    # the open turn's, then the one end-of-turn token the closed turn adds.
+    opened, closed = sorted(seen["tokenize"], key=lambda b: "continue_final_message" in b)[::-1]
+    fix = {"role": "assistant", "content": f"<answer>{TASK.answer}</answer>"}
+    assert opened["messages"][-1] == closed["messages"][-1] == fix
+    assert opened["continue_final_message"] and not closed["add_generation_prompt"]
+    assert revision.sample is not None
+    assert revision.sample.prompt_token_ids == [2, 2]
+    assert revision.sample.completion_token_ids == [30, 31, 9]
+    assert revision.sample.logprobs == [0.0, 0.0, 0.0]
+
+
+def test_a_group_with_a_success_is_not_revised() -> None:
+    group, seen = revise_with("unused", policy_answer=f"<answer>{TASK.answer}</answer>")
+    assert seen["reviewer"] == [] and all(a.kind == "base" for a in group.attempts)
+
+
+def test_a_verified_revision_takes_the_worst_other_slot_and_trains_off_policy() -> None:
+    group, _ = revise_with(f"<answer>{TASK.answer}</answer>")
+    # The parent (slot 0) earns the bonus towards the revision; slot 1 gives up its place.
+    scores = member_advantages(group, GRPO)
+    assert set(scores) == {(0, "base"), (0, "revision")}
+    assert scores[(0, "revision")] > 0 > scores[(0, "base")]
+    rows = build_rows([group], GRPO)
+    (revised,) = [r for r in rows if r.context == "revision"]
+    assert revised.off_policy and not revised.importance
+    assert revised.input_ids == [2, 2, 30, 31, 9]
+    assert revised.labels == [IGNORE, IGNORE, 30, 31, 9]
+    assert revised.behaviour_logprobs[2:] == [0.0, 0.0, 0.0]
+    assert [r.context for r in rows] == ["bare", "revision"]
+
+
+def test_a_revision_the_verifier_fails_is_kept_but_not_trained() -> None:
+    group, _ = revise_with("<answer>998</answer>")
+    (revision,) = [a for a in group.attempts if a.kind == "revision"]
+    assert not revision.correct and not revision.improved
+    assert build_rows([group], GRPO) == []  # all rewards equal: nothing to learn
+
+
+def test_a_revision_is_stored_with_its_verdict(tmp_path: Path) -> None:
+    group, _ = revise_with(f"<answer>{TASK.answer}</answer>")
+    engine = store.open_store(f"sqlite:///{tmp_path / 'r.db'}")
+    with store.transaction(engine) as session:
+        store.save_group(session, group)
+    with store.transaction(engine) as session:
+        (loaded,) = store.load_groups(session, "train")
+        verdicts = session.query(VerdictRow).count()
+    (revision,) = [a for a in loaded.attempts if a.kind == "revision"]
+    assert revision.sample == next(a for a in group.attempts if a.kind == "revision").sample
+    assert verdicts == 3  # two first attempts and the revision
+
+
+def test_an_off_policy_token_takes_herls_shaped_weight() -> None:
+    """L = -A * rho / (rho + gamma), rho = pi / mu: d L / d log pi = -A * gamma * rho /
+    (rho + gamma)^2 on an off-policy row; an on-policy row keeps -A * w."""
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.9]])).repeat(2, 1).requires_grad_()
+    trainer = SimpleNamespace(is_cap=2.0, shaping_gamma=0.1)
+    model = lambda **_: SimpleNamespace(log_probs=logp[:, 1:])  # noqa: E731
+    inputs = {
+        "input_ids": torch.zeros(2, 3, dtype=torch.long),
+        "labels": torch.tensor([[IGNORE, 1, 1], [IGNORE, 1, 1]]),
+        "advantages": torch.full((2, 3), 2.0),
+        "behaviour_logprobs": torch.stack([torch.zeros(3), logp[1].detach()]),
+        "importance": torch.tensor([False, True]),
+        "off_policy": torch.tensor([True, False]),
+    }
+    loss = PolicyGradientTrainer.compute_loss(trainer, model, inputs)  # type: ignore[arg-type]
+    loss.backward()
+    rho = torch.tensor([0.2, 0.9])
+    expected = -2.0 * 0.1 * rho / (rho + 0.1) ** 2 / 4
+    assert torch.allclose(logp.grad[0, 1:], expected)
+    assert torch.allclose(logp.grad[1, 1:], torch.full((2,), -2.0 / 4))
+
+
+@pytest.mark.vllm
+def test_a_revision_is_token_exact_on_a_real_server(tiny_server: str, tiny_model_path) -> None:
+    """On vLLM, a revision's ids extend the prompt the server samples under, and end with the
+    model's end-of-turn token."""
+    model = tiny_model_path.name
+    bare = bare_messages(TASK, "Answer in <answer></answer> tags.")
+    text = f"<answer>{TASK.answer}</answer>"
+
+    async def main():
+        client = PolicyClient(tiny_server)
+        try:
+            greedy = SamplingSettings(temperature=0.0, max_tokens=1)
+            sampled = await client.sample(model, bare, greedy)
+            return sampled, await as_policy_sample(Endpoint(client, model), bare, text, [])
+        finally:
+            await client.aclose()
+
+    sampled, sample = anyio.run(main)
+    config = json.loads((tiny_model_path / "config.json").read_text())
+    assert sample is not None
+    assert sample.prompt_token_ids == sampled.prompt_token_ids
+    assert sample.completion_token_ids[-1] == config["eos_token_id"]
+    assert len(sample.completion_token_ids) > 3

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agents import annealing
 from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
@@ -58,7 +59,7 @@ async def attempt_task(
     base = {"sample_index": index, "policy_version": model, "messages": messages}
     base |= conditioning.fields(kind)
     try:
-        sample = await client.sample(model, messages, sampling)
+        sample = await annealing.sample(client, model, messages, sampling)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
     verdict = await averify(task, sample.text)

@@ -13,10 +13,13 @@
 3. The episode ends when the environment says so, when a turn is cut by the token limit, when
    the sequence would pass `max_sequence` tokens, or on a server error (recorded on the
    attempt with its reason, never raised).
-4. The attempt: the transcript as messages, one `Sample` (the prompt's ids; then every turn and
+4. With EAD (`Annealing` in the sampling settings) each turn is sampled at the temperature the
+   schedule gives the episode's next token: one temperature per turn, the per-step
+   approximation of annealing over tokens.
+5. The attempt: the transcript as messages, one `Sample` (the prompt's ids; then every turn and
    reply; its text numbers the turns and replies, for reviewers), the replies as forced spans,
    and the environment's verdict as reward.
-5. Reflect-then-retry (R3L): a retry replays the parent's turns before the reflection's
+6. Reflect-then-retry (R3L): a retry replays the parent's turns before the reflection's
    `retry_from_step` verbatim (the same token ids, the same actions into a replayed
    environment) and plays on with the principle in the system prompt. The replayed tokens are
    the pivot, and the parent's bare prompt makes the distill copy, as for one-step tasks.
@@ -154,6 +157,16 @@ class _Trace:
         self.generated = 0
 
 
+def _turn(sampling: SamplingSettings, trace: _Trace) -> SamplingSettings:
+    """A turn's sampling: with EAD, the temperature the schedule gives the episode's next token
+    (one temperature per turn: the per-step approximation)."""
+    if sampling.annealing is None:
+        return sampling
+    return sampling.model_copy(
+        update={"temperature": sampling.annealing.temperature(trace.generated)}
+    )
+
+
 async def _play(
     client: PolicyClient,
     env: Environment,
@@ -167,7 +180,7 @@ async def _play(
     reason = ""
     while len(trace.texts) < env.max_steps:
         try:
-            turn = await client.complete_ids(model, prompt + trace.ids, sampling)
+            turn = await client.complete_ids(model, prompt + trace.ids, _turn(sampling, trace))
         except PolicyError as exc:
             return Attempt.failed(str(exc), **base, messages=messages)
         trace.ids += turn.completion_token_ids

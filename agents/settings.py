@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from agents.strategy import StrategySettings
+from memory.records import Annealing
 from verifiers.catalog import system_prompt
 from verifiers.task import Task
 
@@ -25,6 +26,7 @@ class CollectSettings(BaseModel):
     reflect_retry: bool = False
     reflection: Literal["full", "brief"] = "brief"  # brief: the principle alone
     insights: bool = False
+    annealing: Annealing | None = None  # EAD: first attempts' temperature over their tokens
     revise: bool = False  # HeRL: the reviewer revises a group's best failure (agents.revision)
     strategy: StrategySettings | None = None
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo

@@ -72,7 +72,11 @@ async def first_attempt(
     earlier: list[Attempt] | None = None,
 ) -> Attempt:
     """Slot `index`, sampled plainly or strategy first (SGE)."""
-    sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
+    sampling = SamplingSettings(
+        temperature=settings.temperature,
+        max_tokens=settings.max_tokens,
+        annealing=settings.annealing,
+    )
     if is_episodic(task.taskset):  # played turn by turn; no guidance yet
         return await run_episode(client, environment(task), model, sampling, index)
     messages, held = conditioning(task, settings, index, insights, earlier)

@@ -47,7 +47,7 @@ from serving.server import ServerSettings, VllmServer  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
 
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
-STRUCK_TOKENS = 256  # rollouts a fault strikes in the middle of: long enough on a fast machine
+STRUCK_TOKENS = 512  # rollouts a fault strikes in the middle of: long enough on a fast machine
 Batch = tuple[int, str, str]
 
 

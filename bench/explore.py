@@ -48,7 +48,7 @@ from agents.strategy import StrategySettings  # noqa: E402
 from bench.intervals import paired_difference, wilson  # noqa: E402
 from bench.smollm2_server import policy_and_reviewer  # noqa: E402
 from flows.table import text_table  # noqa: E402
-from memory.records import FIRST_KINDS, VERIFIED_KINDS, Attempt, Group  # noqa: E402
+from memory.records import FIRST_KINDS, VERIFIED_KINDS, Annealing, Attempt, Group  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
@@ -58,6 +58,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "r3l-brief": {"reflect_retry": True, "reflection": "brief"},
     "r3l-full": {"reflect_retry": True, "reflection": "full"},
     "herl": {"revise": True},
+    "ead": {"annealing": Annealing()},
     "r3l+herl": {"reflect_retry": True, "revise": True},
     "sge": {"strategy": StrategySettings()},
     "sge+r3l": {"strategy": StrategySettings(), "reflect_retry": True},

@@ -12,6 +12,7 @@ settings except for what the arm changes. Arms:
     plain    GRPO on plain sampling: no guidance at all
     herl     plain sampling, and HeRL: the reviewer revises the best attempt of each group that
              all failed, and a verified revision is trained off-policy in its group
+    ead      plain sampling with the temperature annealed over each answer's tokens (EAD)
 
 With `--reviewer NAME` each arm's run starts that reviewer beside it for reflections,
 judgements and revisions; without it the policy reviews itself.
@@ -46,6 +47,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "rltldr": {"train": {"mode": "rltldr"}},
     "plain": {"guided_fraction": 0.0, "train": {"mode": "grpo"}},
     "herl": {"guided_fraction": 0.0, "revise": True, "train": {"mode": "grpo"}},
+    "ead": {"guided_fraction": 0.0, "anneal": True, "train": {"mode": "grpo"}},
 }
 
 

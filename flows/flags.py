@@ -31,6 +31,7 @@ FLAGGED = (
     "reflection",
     "insights",
     "revise",
+    "anneal",
     "reviewer",
     "reviewer_url",
     "reviewer_model",

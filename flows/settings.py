@@ -12,7 +12,7 @@ from agents.outcome import OutcomeSettings
 from agents.settings import CollectSettings
 from agents.strategy import StrategySettings
 from flows.errors import FlowError
-from memory.records import describe
+from memory.records import Annealing, describe
 from serving.promotion import Gate
 from trainer.settings import TrainSettings
 
@@ -47,6 +47,12 @@ class RunSettings(BaseModel):
         "reviewer's tokens, and more tasks solved), or summary, root cause, outcome and principle",
     )
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
+    anneal: bool = Field(
+        False,
+        description="sample first attempts with the temperature annealed over their tokens, "
+        "from 1.2 to 0.1 (EAD)",
+    )
+    annealing: Annealing = Annealing()
     revise: bool = Field(
         False,
         description="the reviewer revises the best attempt of a group that all failed, and a "
@@ -87,11 +93,13 @@ class RunSettings(BaseModel):
     gate: Gate = Gate()
 
     @model_validator(mode="after")
-    def _reviewer_named(self) -> RunSettings:
+    def _consistent(self) -> RunSettings:
         if (self.reviewer_url is None) != (self.reviewer_model is None):
             raise ValueError("reviewer_url and reviewer_model go together")
         if self.reviewer is not None and self.reviewer_url is not None:
             raise ValueError("name a reviewer to serve (reviewer) or a running one (reviewer_url)")
+        if self.anneal and self.sge:
+            raise ValueError("anneal and sge both set an attempt's temperatures: choose one")
         return self
 
     @property
@@ -112,6 +120,7 @@ class RunSettings(BaseModel):
             reflection=self.reflection,
             insights=self.insights,
             revise=self.revise,
+            annealing=self.annealing if self.anneal else None,
             strategy=self.strategy if self.sge else None,
         )
 

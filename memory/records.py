@@ -6,6 +6,7 @@ uses the sampled token ids and their behaviour logprobs, never re-tokenised text
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
@@ -59,11 +60,40 @@ class Sample(Record):
         return self
 
 
+class Annealing(Record):
+    """EAD's temperature schedule over the tokens of an attempt: token k is sampled at
+    max(1 + t_max - e^(k / decay_tokens), t_min), held for `span_tokens` tokens at a time
+    (a request's temperature is fixed), and once at t_min for the rest of the answer."""
+
+    t_max: float = Field(1.2, gt=0.0)
+    t_min: float = Field(0.1, ge=0.0)
+    decay_tokens: float = Field(40.0, gt=0.0)
+    span_tokens: int = Field(8, ge=1)
+
+    def temperature(self, k: int) -> float:
+        return round(max(1.0 + self.t_max - math.exp(k / self.decay_tokens), self.t_min), 3)
+
+    def spans(self, max_tokens: int) -> list[tuple[int, int, float]]:
+        """(first token, end, temperature) of each request that samples `max_tokens` tokens."""
+        spans, start = [], 0
+        while start < max_tokens:
+            temperature = self.temperature(start)
+            end = (
+                max_tokens
+                if temperature <= self.t_min
+                else min(start + self.span_tokens, max_tokens)
+            )
+            spans.append((start, end, temperature))
+            start = end
+        return spans
+
+
 class SamplingSettings(Record):
     temperature: float
     max_tokens: int
     top_p: float = 1.0
     strategy_temperature: float | None = None
+    annealing: Annealing | None = None  # EAD: the schedule replaces `temperature`
 
 
 class PolicyVersion(Record):

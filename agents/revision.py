@@ -1,8 +1,8 @@
 """HeRL's hindsight revision: the reviewer fixes a group's best failed attempt, the verifier
 checks the fix, and a fix that passes becomes an off-policy training sample.
 
-1. Only a group whose unguided first attempts all fall short of full reward is revised, and only
-   its best attempt (the lowest slot among equals).
+1. Only a group whose first attempts all fall short of full reward is revised, and only its
+   best attempt (the lowest slot among equals).
 2. The reviewer sees the task, the attempt and the verifier's verdict and feedback lines, never
    the reference answer, and rewrites the answer at temperature 0.3: keep what is right, fix what
    the verifier found wrong, add nothing new.
@@ -21,7 +21,7 @@ from agents.context import Messages, bare_messages
 from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.reflection import review_messages
-from memory.records import FULL_REWARD, Attempt, Sample, SamplingSettings
+from memory.records import FIRST_KINDS, FULL_REWARD, Attempt, Sample, SamplingSettings
 from verifiers.catalog import averify
 from verifiers.task import Task
 
@@ -33,9 +33,9 @@ REVISE_TEMPERATURE = 0.3
 
 
 def revisable(attempts: list[Attempt]) -> Attempt | None:
-    """The attempt to revise: the best unguided first attempt of a group none of whose unguided
-    first attempts reached full reward; None when one did, or none has a sample."""
-    firsts = [a for a in attempts if a.kind == "base" and a.sample and a.error is None]
+    """The attempt to revise: the best first attempt of a group none of whose first attempts
+    reached full reward; None when one did, or none has a sample."""
+    firsts = [a for a in attempts if a.kind in FIRST_KINDS and a.sample and a.error is None]
     if not firsts or any(a.reward >= FULL_REWARD for a in firsts):
         return None
     return max(firsts, key=lambda a: (a.reward, -a.sample_index))

@@ -14,8 +14,8 @@ settings except for what the arm changes. Arms:
              all failed, and a verified revision is trained off-policy in its group
     ead      plain sampling with the temperature annealed over each answer's tokens (EAD)
 
-With `--reviewer NAME` each arm's run starts that reviewer beside it for reflections,
-judgements and revisions; without it the policy reviews itself.
+With `--reviewer NAME` the arms that use a reviewer (r3l, herl) start it beside their run for
+reflections and revisions; without it the policy reviews itself.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
@@ -49,6 +49,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "herl": {"guided_fraction": 0.0, "revise": True, "train": {"mode": "grpo"}},
     "ead": {"guided_fraction": 0.0, "anneal": True, "train": {"mode": "grpo"}},
 }
+REVIEWED = ("r3l", "herl")  # the arms a reviewer serves
 
 
 def main() -> None:
@@ -59,7 +60,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=64)
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
-    parser.add_argument("--reviewer", default=None, help="a reviewer model each arm's run serves")
+    parser.add_argument("--reviewer", default=None, help="a reviewer model for r3l and herl")
     parser.add_argument("--port", type=int, default=8021)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
@@ -98,7 +99,7 @@ def run_arm(arm: str, args: argparse.Namespace, server_url: str, model: Path) ->
             "--eval-tasks", str(args.eval_tasks),
             "--summary-json", str(summary_path),
         ]  # fmt: skip
-        if args.reviewer:
+        if args.reviewer and arm in REVIEWED:
             command += ["--reviewer", args.reviewer]
         print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
         started = time.monotonic()

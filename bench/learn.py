@@ -93,6 +93,7 @@ def run_arm(arm: str, args: argparse.Namespace, server_url: str, model: Path) ->
             "--workdir", str(workdir),
             "--model", str(model),
             "--server-url", server_url,
+            "--weights", "lora",  # the shared server serves each arm's versions as adapters
             "--rounds", str(args.rounds),
             "--tasks", str(args.tasks),
             "--group-size", str(max(2, group_size)),

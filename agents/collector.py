@@ -132,9 +132,7 @@ async def collect_group(
         attempts += await reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     if settings.revise and not is_episodic(task.taskset):
         async with limiter:
-            attempts += await revise(
-                policy, reviewer, task, settings.system(task), attempts, settings.max_tokens
-            )
+            attempts += await revise(policy, reviewer, task, bare, attempts, settings.max_tokens)
     return Group(
         round_index=round_index,
         purpose=purpose,

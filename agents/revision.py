@@ -17,7 +17,8 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
 
 from __future__ import annotations
 
-from agents.context import Messages, bare_messages
+from agents.attempt import bare_prompt_ids
+from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.reflection import review_messages
@@ -42,10 +43,11 @@ def revisable(attempts: list[Attempt]) -> Attempt | None:
 
 
 async def revise(
-    policy: Endpoint, reviewer: Endpoint, task: Task, system: str, attempts: list[Attempt],
+    policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
     max_tokens: int,
 ) -> list[Attempt]:  # fmt: skip
-    """The group's revision, as a one-item list (empty when nothing is revisable)."""
+    """The group's revision, as a one-item list (empty when nothing is revisable); `bare` is
+    the task's prompt with nothing in context, which the revision answers."""
     parent = revisable(attempts)
     if parent is None:
         return []
@@ -65,7 +67,7 @@ async def revise(
     except PolicyError as exc:
         return [Attempt.failed(str(exc), **record)]
     verdict = await averify(task, written.text)
-    sample = await as_policy_sample(policy, bare_messages(task, system), written.text, attempts)
+    sample = await as_policy_sample(policy, bare, written.text, attempts)
     reason = verdict.reason + (", truncated" if written.finish_reason == "length" else "")
     revision = Attempt(
         **record,
@@ -85,10 +87,11 @@ async def as_policy_sample(
     the template's end-of-turn token (the one the policy stops on); None when the server's
     renderings do not extend each other (the revision is then kept for the record, not
     trained)."""
-    prompt = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
+    prompt = await bare_prompt_ids(attempts, policy.client, policy.model, bare)
+    if prompt is None:
+        return None
     turn = [*bare, {"role": "assistant", "content": text}]
     try:
-        prompt = prompt or await policy.client.tokenize(policy.model, bare)
         opened = await policy.client.tokenize_open_turn(policy.model, turn)
         closed = await policy.client.tokenize_closed_turn(policy.model, turn)
     except PolicyError:

@@ -141,9 +141,8 @@ def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
     scores = advantages(settings.mode, _rewards(members, settings), settings.amplification)
     rows = []
     for attempt, advantage in zip(members, scores, strict=True):
-        pivot = attempt.pivot_tokens or pivots.get(attempt.sample_index, 0)
-        if attempt.kind == "revision":
-            pivot = 0
+        paired = pivots.get(attempt.sample_index, 0) if attempt.kind in FIRST_KINDS else 0
+        pivot = attempt.pivot_tokens or paired  # a parent shares its retry's replayed tokens
         row = _row(attempt, advantage, pivot, settings) if advantage != 0.0 else None
         if row is None or (advantage < 0 and not row.importance and not settings.distill_negatives):
             continue

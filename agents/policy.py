@@ -176,6 +176,7 @@ class PolicyClient:
                 extra_headers={"Idempotency-Key": uuid.uuid4().hex},
             ),
             sampling.max_tokens,
+            len(prompt_ids),
         )
         if not response.choices:
             raise self._not_vllm("no choices")
@@ -220,13 +221,14 @@ class PolicyClient:
                 **extra,
             ),
             sampling.max_tokens,
+            prompt_estimate(messages),
         )
         return self._to_sample(response)
 
-    async def _call(self, call: Any, max_tokens: int) -> Any:
+    async def _call(self, call: Any, max_tokens: int, prompt_tokens: int) -> Any:
         async def once() -> Any:
             try:
-                return await self.watchdog.guard(call, max_tokens)
+                return await self.watchdog.guard(call, max_tokens, prompt_tokens)
             except openai.APIError as exc:
                 raise self._failure(exc) from exc
 
@@ -290,3 +292,9 @@ def _describe(exc: Exception) -> str:
     cause = exc.__cause__
     detail = _first_line(str(cause)) if cause is not None and str(cause) else ""
     return detail or _first_line(str(exc)) or type(exc).__name__
+
+
+def prompt_estimate(messages: list[dict[str, Any]]) -> int:
+    """About how many tokens `messages` take, for a deadline: four characters a token, and a
+    few for each turn's markers (no tokenizer call on the way to every request)."""
+    return sum(len(str(m.get("content") or "")) // 4 + 4 for m in messages)

@@ -7,11 +7,13 @@ own token counters rather than by a fixed timeout.
    measured. Counters that have not moved for `stall_s` while requests wait: the server is
    stalled, and every waiting request ends with `ServerUnavailable`.
 2. A request's deadline is the time the server needs, at the measured rate, for every token in
-   flight with it, times `slack`, kept within [`floor_s`, `ceiling_s`]. It is sized when the
-   request starts and grows, at each look at the counters, with the requests that joined it
-   since (they share the server's batch), so a full batch on a slow server is not cut off at
-   the floor. A busy server gets the time its queue needs; a dead one is found by the stall
-   watch in about `stall_s`.
+   flight with it (prompts included), times `slack`, kept within [`floor_s`, `ceiling_s`]. It
+   is sized when the request starts and grows, at each look at the counters, with the requests
+   that joined it since (they share the server's batch), so a full batch on a slow server is
+   not cut off at the floor. A busy server gets the time its queue needs; a dead one is found
+   by the stall watch in about `stall_s`. The rate counts prompt and generated tokens alike:
+   long prompts with short answers (EAD's spans send the whole prompt again for a few tokens)
+   get the time their prompts take, where counting generated tokens alone cut them off.
 3. A request that ends early closes its connection, and vLLM aborts a request whose client has
    gone, so nothing abandoned keeps the server busy. Nothing is sent again from here: the work
    queue retries whole groups, with backoff, so retries never pile onto a slow server.
@@ -62,22 +64,26 @@ class Watchdog:
 
     @property
     def rate(self) -> float | None:
-        """The server's measured generation rate, tokens/s (None before any)."""
+        """The server's measured rate, prompt and generated tokens/s (None before any)."""
         return self._rate
 
-    def deadline(self, max_tokens: int) -> float:
-        """Seconds a request of `max_tokens` may take with what is in flight now."""
+    def deadline(self, tokens: int) -> float:
+        """Seconds a request of `tokens` (its prompt and `max_tokens`) may take with what is in
+        flight now."""
         s = self.settings
-        expected = (self._tokens_ahead + max_tokens) / (self._rate or s.assumed_rate)
+        expected = (self._tokens_ahead + tokens) / (self._rate or s.assumed_rate)
         return min(max(s.floor_s, s.slack * expected), s.ceiling_s)
 
-    async def guard(self, call: Callable[[], Awaitable[T]], max_tokens: int) -> T:
+    async def guard(
+        self, call: Callable[[], Awaitable[T]], max_tokens: int, prompt_tokens: int = 0
+    ) -> T:
         """`call()` under its deadline and the stall watch; `ServerUnavailable` on either."""
-        deadline = self.deadline(max_tokens)
+        tokens = max_tokens + prompt_tokens
+        deadline = self.deadline(tokens)
         if self._in_flight == 0:
             self._moved = time.monotonic()  # an idle server generates nothing: not a stall
         self._in_flight += 1
-        self._tokens_ahead += max_tokens
+        self._tokens_ahead += tokens
         try:
             with anyio.fail_after(self.settings.ceiling_s):
                 return await self._watched(call, time.monotonic(), deadline)
@@ -88,7 +94,7 @@ class Watchdog:
             ) from None
         finally:
             self._in_flight -= 1
-            self._tokens_ahead -= max_tokens
+            self._tokens_ahead -= tokens
 
     async def _watched(
         self, call: Callable[[], Awaitable[T]], started: float, deadline: float
@@ -142,7 +148,7 @@ class Watchdog:
             return
         if self._counters is not None:
             elapsed = now - self._read_at
-            rate = (counters[1] - self._counters[1]) / max(elapsed, 1e-3)
+            rate = (sum(counters) - sum(self._counters)) / max(elapsed, 1e-3)
             if rate > 0 and elapsed < 3 * self.settings.poll_s:  # not across an idle gap
                 self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
             if counters != self._counters:

@@ -14,19 +14,26 @@ settings except for what the arm changes. Arms:
              all failed, and a verified revision is trained off-policy in its group
     ead      plain sampling with the temperature annealed over each answer's tokens (EAD)
 
-With `--reviewer NAME` the arms that use a reviewer (r3l, herl) start it beside their run for
-reflections and revisions; without it the policy reviews itself.
+Each arm starts and supervises its own server (new versions served as merged weights), and
+with `--reviewer NAME` the arms that use a reviewer (r3l, herl) serve it beside the policy, each
+on its own core: an arm's wall time holds everything its method costs. Without a reviewer the
+policy reviews itself. `--server-url` shares one running server instead (versions as adapters).
+
+`--minutes M` runs the arms at equal wall time: each runs rounds (up to `--rounds`) while the
+time left covers its last round, and the arms are compared by the version each serves at the
+end, paired on the same held-out tasks (each arm against the first, with a 95% interval).
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
-    .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--reviewer NAME] [--json P]
-        [--png P]
+    .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--minutes M]
+        [--reviewer NAME] [--json P] [--png P]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,9 +44,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from smollm2_server import smollm2_server  # noqa: E402
+from intervals import paired_difference  # noqa: E402
+from smollm2_server import MODELS, smollm2_server  # noqa: E402
 
 from flows.table import text_table  # noqa: E402
+from memory import store  # noqa: E402
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 
 ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"train": {"mode": "grpo"}},
@@ -56,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default="grpo,r3l")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--minutes", type=float, default=None, help="each arm's time budget")
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=64)
@@ -69,9 +80,18 @@ def main() -> None:
     unknown = set(arms) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
-    with smollm2_server(args.server_url, args.port, "vllm-learn.log") as (url, model):
-        curves = {arm: run_arm(arm, args, url, model) for arm in arms}
-    result = {"settings": {k: str(v) for k, v in vars(args).items()}, "arms": curves}
+    reviewer = _reviewer_folder(args.reviewer)
+    if args.server_url:
+        with smollm2_server(args.server_url, args.port, "vllm-learn.log") as (url, model):
+            curves = {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}
+    else:
+        model = prepare_smollm2(MODELS)
+        curves = {arm: run_arm(arm, args, model, None, reviewer) for arm in arms}
+    result = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "arms": curves,
+        "paired": paired(curves),
+    }
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -79,7 +99,16 @@ def main() -> None:
         plot(result, args.png)
 
 
-def run_arm(arm: str, args: argparse.Namespace, server_url: str, model: Path) -> dict[str, Any]:
+def _reviewer_folder(reviewer: str | None) -> str | None:
+    """A named reviewer is built once, here, not in each arm's working folder."""
+    if reviewer in REVIEWERS:
+        return str(prepare_parted(REVIEWERS[reviewer], MODELS))
+    return reviewer
+
+
+def run_arm(
+    arm: str, args: argparse.Namespace, model: Path, server_url: str | None, reviewer: str | None
+) -> dict[str, Any]:
     spec = dict(ARMS[arm])
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     with tempfile.TemporaryDirectory(prefix=f"flywheel-learn-{arm}-") as scratch:
@@ -92,34 +121,76 @@ def run_arm(arm: str, args: argparse.Namespace, server_url: str, model: Path) ->
             "--config", str(config),
             "--workdir", str(workdir),
             "--model", str(model),
-            "--server-url", server_url,
-            "--weights", "lora",  # the shared server serves each arm's versions as adapters
             "--rounds", str(args.rounds),
             "--tasks", str(args.tasks),
             "--group-size", str(max(2, group_size)),
             "--eval-tasks", str(args.eval_tasks),
             "--summary-json", str(summary_path),
         ]  # fmt: skip
-        if args.reviewer and arm in REVIEWED:
-            command += ["--reviewer", args.reviewer]
+        if server_url:  # the shared server serves each arm's versions as adapters
+            command += ["--server-url", server_url, "--weights", "lora"]
+        else:
+            command += ["--port", str(args.port)]
+        if args.minutes:
+            command += ["--minutes", str(args.minutes)]
+        if reviewer and arm in REVIEWED:
+            command += ["--reviewer", reviewer]
         print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
         started = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
         summary = json.loads(summary_path.read_text())
+        solved = _final_solved(summary)
     rounds = summary["rounds"]
+    print(f"[{arm}] done in {(time.monotonic() - started) / 60:.1f} min", file=sys.stderr)
     return {
         "pass_at_1": [summary["baseline_pass_at_1"]] + [r["eval_pass_at_1"] for r in rounds],
         "format_rate": [summary["baseline_format_rate"]] + [r["eval_format_rate"] for r in rounds],
         "promoted": [r["promoted"] for r in rounds],
+        "ended_s": [0.0] + [r["ended_s"] for r in rounds],
         "rollouts": sum(r["rollouts"] for r in rounds),
         "bare_success_rate": [
             r["bare_successes"] / r["bare_rollouts"] if r["bare_rollouts"] else None for r in rounds
         ],
         "train_tokens": sum(r["train_tokens"] for r in rounds),
         "seconds": time.monotonic() - started,
+        "run_seconds": summary["wall_seconds"].get("total"),
+        "final_version": _serving(summary),
+        "solved": solved,
     }
+
+
+def _serving(summary: dict[str, Any]) -> str:
+    """The version the run serves at its end: its last promoted round, else the base model."""
+    promoted = [r["policy_version"] for r in summary["rounds"] if r["promoted"]]
+    return promoted[-1] if promoted else summary["base_model"]
+
+
+def _final_solved(summary: dict[str, Any]) -> dict[str, bool]:
+    """Held-out task id -> solved, for the version the run serves at its end (read from the
+    arm's store before its folder goes)."""
+    engine = store.open_store(summary["db_url"])
+    with store.transaction(engine) as session:
+        groups = store.load_groups(session, "eval", policy_version=_serving(summary))
+    engine.dispose()
+    return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
+
+
+def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each arm's final version against the first arm's, on the held-out tasks both solved or
+    not: the difference in pass@1 with its 95% interval, and the tasks won and lost."""
+    first, *others = curves
+    out = {}
+    for arm in others:
+        a, b = curves[arm]["solved"], curves[first]["solved"]
+        common = sorted(a.keys() & b.keys())
+        diff, low, high = paired_difference([a[t] for t in common], [b[t] for t in common])
+        won = sum(a[t] and not b[t] for t in common)
+        lost = sum(b[t] and not a[t] for t in common)
+        out[arm] = {"vs": first, "tasks": len(common), "difference": diff, "low": low,
+                    "high": high, "won": won, "lost": lost}  # fmt: skip
+    return out
 
 
 def _toml(spec: dict[str, Any]) -> str:
@@ -141,6 +212,7 @@ def print_table(result: dict[str, Any]) -> None:
     header = [
         "arm",
         *[("base" if i == 0 else f"r{i}") for i in range(rounds)],
+        "final",
         "format",
         "rollouts",
         "min",
@@ -149,6 +221,8 @@ def print_table(result: dict[str, Any]) -> None:
     for arm, curve in arms.items():
         cells = [f"{p:.3f}" if p is not None else "-" for p in curve["pass_at_1"]]
         last_format = curve["format_rate"][-1]
+        final = statistics.fmean(curve["solved"].values()) if curve["solved"] else 0.0
+        cells += ["-"] * (rounds - len(cells)) + [f"{final:.3f}"]
         rows.append(
             [arm, *cells, f"{last_format:.2f}" if last_format is not None else "-",
              str(curve["rollouts"]), f"{curve['seconds'] / 60:.1f}"]
@@ -157,8 +231,15 @@ def print_table(result: dict[str, Any]) -> None:
     s = result["settings"]
     print(
         f"\nheld-out pass@1 (greedy, no guidance) on {s['eval_tasks']} tasks after each round; "
-        f"{s['tasks']} tasks x {s['group_size']} attempts per round; format = last round"
+        f"{s['tasks']} tasks x {s['group_size']} attempts per round; final = the version served at "
+        "the end (the last promoted); format = last round"
     )
+    for arm, p in result["paired"].items():
+        print(
+            f"{arm} vs {p['vs']}, final versions on the same {p['tasks']} tasks: "
+            f"{p['difference']:+.3f} ({p['low']:+.3f} to {p['high']:+.3f}), "
+            f"won {p['won']}, lost {p['lost']}"
+        )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -20,6 +20,7 @@ from flows.settings import RunSettings, load_run_settings
 
 FLAGGED = (
     "rounds",
+    "minutes",
     "tasks",
     "group_size",
     "eval_tasks",

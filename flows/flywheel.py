@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger, serve
@@ -36,6 +37,7 @@ async def flywheel_run(
     settings: RunSettings, server_url: str, base_name: str, base_model_path: str
 ) -> RunSummary:
     clock = rounds.Clock()
+    started = time.monotonic()
     held_out, base = await evaluation.baseline(
         settings, server_url, base_name, Path(base_model_path), clock.seconds
     )
@@ -48,10 +50,25 @@ async def flywheel_run(
         db_url=settings.db_url,
     )
     for _ in range(settings.rounds):
+        if not _time_for_a_round(settings.minutes, time.monotonic() - started, summary.rounds):
+            get_run_logger().info("time budget of %s minutes spent", settings.minutes)
+            break
+        began = time.monotonic() - started
         ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
-        summary.rounds.append(await rounds.run_round(ctx, clock))
+        done = await rounds.run_round(ctx, clock)
+        ended = time.monotonic() - started
+        summary.rounds.append(done.model_copy(update={"started_s": began, "ended_s": ended}))
     summary.wall_seconds = clock.seconds
     return summary
+
+
+def _time_for_a_round(minutes: float | None, elapsed_s: float, done: list[RoundSummary]) -> bool:
+    """With a budget, a round starts only while the time left covers the last round's length
+    (the first round always starts)."""
+    if minutes is None or not done:
+        return True
+    last = done[-1]
+    return elapsed_s + (last.ended_s - last.started_s) <= minutes * 60
 
 
 @flow(name="flywheel-collect", log_prints=False)

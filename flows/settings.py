@@ -25,6 +25,12 @@ class RunSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rounds: int = Field(3, ge=1, description="flywheel rounds")
+    minutes: float | None = Field(
+        None,
+        gt=0,
+        description="a time budget: a round starts only while the minutes left cover the last "
+        "round's length (the baseline counts; the server's start does not)",
+    )
     tasks: int = Field(64, ge=1, description="train tasks per round, drawn fresh each round")
     group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")

@@ -26,6 +26,8 @@ class RoundSummary(BaseModel):
     promoted: bool
     note: str = ""
     wall_seconds: dict[str, float] = Field(default_factory=dict)
+    started_s: float = 0.0  # seconds from the run's flow start (the baseline counts)
+    ended_s: float = 0.0
 
 
 class RunSummary(BaseModel):

@@ -278,3 +278,56 @@ def test_each_distinct_tokenize_request_goes_out_once() -> None:
 
     assert anyio.run(main) == ([1], [1], [2])
     assert len(seen) == 2
+
+
+def test_a_long_prompt_gets_the_time_its_tokens_take() -> None:
+    """At the assumed 100 tokens/s a request of 8 new tokens is given the 1 s floor, too short
+    for an answer that takes 1.5 s; a 300-token prompt before those 8 tokens is given 3 s."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        await anyio.sleep(1.5)
+        body = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
+        choice = {"index": 0, "text": "7", "finish_reason": "stop", "token_ids": [7]}
+        choice["logprobs"] = {"tokens": ["7"], "token_logprobs": [-0.1]}
+        return httpx.Response(200, json={**body, "choices": [choice]})
+
+    async def main(prompt_length: int) -> str:
+        client = PolicyClient(
+            "http://scripted",
+            watchdog=WatchdogSettings(poll_s=0.2, floor_s=1.0, slack=1.0, assumed_rate=100),
+            http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        )
+        return (await client.complete_ids("m", [1] * prompt_length, SAMPLING)).text
+
+    with pytest.raises(ServerUnavailable, match="gave no answer in 1 s"):
+        anyio.run(main, 1)
+    assert anyio.run(main, 300) == "7"
+
+
+def test_the_measured_rate_counts_prompt_tokens() -> None:
+    """A server busy with prompts (its prompt counter moving, generation still) is working: its
+    rate is measured from both counters, and it is not stalled."""
+    from agents.watchdog import Watchdog
+
+    reads = iter(range(1, 100))
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        n = next(reads)
+        text = f"vllm:prompt_tokens_total {400.0 * n}\nvllm:generation_tokens_total 10.0\n"
+        return httpx.Response(200, text=text)
+
+    async def main() -> float | None:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        watchdog = Watchdog(http, "http://scripted", WatchdogSettings(poll_s=0.1, stall_s=0.3))
+
+        async def answer() -> str:
+            await anyio.sleep(0.8)
+            return "done"
+
+        assert await watchdog.guard(answer, max_tokens=8, prompt_tokens=200) == "done"
+        return watchdog.rate
+
+    rate = anyio.run(main)
+    assert rate is not None and rate > 1000  # 400 prompt tokens a read, every ~0.1 s

@@ -48,3 +48,13 @@ def test_the_verdict_is_paired_when_per_task_counts_are_known() -> None:
         update={"rounds": [run.rounds[0].model_copy(update={"eval_gained": 10, "eval_lost": 6})]}
     )
     assert "no clear change" in format_table(mixed)
+
+
+def test_a_time_budget_starts_a_round_only_while_the_time_left_covers_the_last_one() -> None:
+    from flows.flywheel import _time_for_a_round
+
+    first = summary(0.2, 0.3).rounds[0].model_copy(update={"started_s": 60.0, "ended_s": 360.0})
+    assert _time_for_a_round(None, 10_000.0, [first])
+    assert _time_for_a_round(1.0, 10_000.0, [])  # the first round always starts
+    assert _time_for_a_round(11.0, 360.0, [first])  # 360 + 300 <= 660
+    assert not _time_for_a_round(10.0, 360.0, [first])  # 660 > 600

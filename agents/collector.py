@@ -12,8 +12,9 @@
    half-groups, SGE's strategy-first sampling and its second wave); RLTLDR's sequential
    attempts with judged insights (`agents.insight`); R3L's reflections and retries
    (`agents.reflection`); HeRL's hindsight revision of a group that all failed
-   (`agents.revision`). Guided attempts keep the bare prompt's ids, as the server tokenised
-   them, so training can distil them.
+   (`agents.revision`), and NudgeRL's hinted attempts for such a group (`agents.nudge`).
+   Guided attempts keep the bare prompt's ids, as the server tokenised them, so training can
+   distil them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from agents.attempt import bare_prompt_ids
 from agents.context import Messages, bare_messages
 from agents.errors import ServerUnavailable
 from agents.insight import InsightBoard, sequential_attempts
+from agents.nudge import nudge
 from agents.policy import Endpoint, PolicyClient
 from agents.reflection import reflect_and_retry
 from agents.revision import revise
@@ -130,6 +132,8 @@ async def collect_group(
     attempts = await _with_bare_ids(attempts, client, model, bare)
     if settings.reflect_retry:
         attempts += await reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
+    if settings.nudge and not is_episodic(task.taskset):
+        attempts += await nudge(policy, reviewer, task, bare, attempts, settings, limiter)
     if settings.revise and not is_episodic(task.taskset):
         async with limiter:
             attempts += await revise(policy, reviewer, task, bare, attempts, settings.max_tokens)

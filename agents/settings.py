@@ -28,6 +28,7 @@ class CollectSettings(BaseModel):
     insights: bool = False
     annealing: Annealing | None = None  # EAD: first attempts' temperature over their tokens
     revise: bool = False  # HeRL: the reviewer revises a group's best failure (agents.revision)
+    nudge: bool = False  # NudgeRL: a reviewer's hint for a group that all failed (agents.nudge)
     strategy: StrategySettings | None = None
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo
         (),

@@ -13,7 +13,8 @@ Reported per method: the share solved with Wilson's 95% interval, the paired dif
 plain sampling on the same tasks with its 95% interval (and the tasks each solved that the other
 did not), first-attempt pass@1, tokens spent, and what the method's guidance found: successes by
 source (bare attempts, self-written strategies, guided prompts, retries after a reflection, the
-reviewer's verified revisions of a group that all failed: HeRL) and the tasks only guidance
+reviewer's verified revisions of a group that all failed: HeRL; attempts with the reviewer's
+hint for such a group: NudgeRL) and the tasks only guidance
 solved, where none of the method's own bare attempts did. A revision is a success to train on,
 written by the reviewer: its tokens are priced as the reviewer's.
 Real SmolLM2 on the CPU vLLM server.
@@ -58,6 +59,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "r3l-brief": {"reflect_retry": True, "reflection": "brief"},
     "r3l-full": {"reflect_retry": True, "reflection": "full"},
     "herl": {"revise": True},
+    "nudge": {"nudge": True},
+    "nudge+herl": {"nudge": True, "revise": True},
     "ead": {"annealing": Annealing()},
     "r3l+herl": {"reflect_retry": True, "revise": True},
     "sge": {"strategy": StrategySettings()},
@@ -192,6 +195,8 @@ async def run_method(
     reviewer_tokens = sum(a.generated_tokens for a in attempts if a.policy_version != model)
     reflections = [a for a in attempts if a.kind == "reflection"]
     revisions = [a for a in attempts if a.kind == "revision"]
+    hints = [a for a in attempts if a.kind == "hint"]
+    nudged = [a for a in attempts if a.kind == "nudge"]
     print(f"[{method}] done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return {
         "solved_per_task": at_tokens,
@@ -208,6 +213,10 @@ async def run_method(
         "reflections_valid": sum(a.format_ok for a in reflections),
         "revisions": len(revisions),
         "revisions_verified": sum(a.correct for a in revisions),
+        "hints": len(hints),
+        "hints_refused": sum(a.error is not None for a in hints),
+        "nudged": len(nudged),
+        "nudged_verified": sum(a.correct for a in nudged),
         "attempts": len(attempts),
         "errors": sum(a.error is not None for a in attempts),
         "seconds": time.monotonic() - started,
@@ -217,8 +226,8 @@ async def run_method(
 def source(attempt: Attempt) -> str:
     """What led to an attempt: nothing (bare), the policy's own strategy line, guidance in the
     prompt (a worked example, insights, lessons), a reflection (a retry), or the reviewer's
-    revision of a failure (HeRL)."""
-    if attempt.kind in ("retry", "revision"):
+    revision of a failure (HeRL), or an attempt with the reviewer's hint (NudgeRL)."""
+    if attempt.kind in ("retry", "revision", "nudge"):
         return attempt.kind
     if attempt.guided:
         return "guided"

@@ -13,11 +13,15 @@ settings except for what the arm changes. Arms:
     herl     plain sampling, and HeRL: the reviewer revises the best attempt of each group that
              all failed, and a verified revision is trained off-policy in its group
     ead      plain sampling with the temperature annealed over each answer's tokens (EAD)
+    nudge    plain sampling, and NudgeRL: the reviewer writes a hint for each group that all
+             failed, half a group tries again with it, successes distilled into the bare prompt
+    nudge+herl  both
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
-with `--reviewer NAME` the arms that use a reviewer (r3l, herl) serve it beside the policy, each
-on its own core: an arm's wall time holds everything its method costs. Without a reviewer the
-policy reviews itself. `--server-url` shares one running server instead (versions as adapters).
+with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
+policy, each on its own core: an arm's wall time holds everything its method costs. Without a
+reviewer the policy reviews itself. `--server-url` shares one running server instead (versions
+as adapters).
 
 `--minutes M` runs the arms at equal wall time: each runs rounds (up to `--rounds`) while the
 time left covers its last round, and the arms are compared by the version each serves at the
@@ -58,8 +62,15 @@ ARMS: dict[str, dict[str, Any]] = {
     "plain": {"guided_fraction": 0.0, "train": {"mode": "grpo"}},
     "herl": {"guided_fraction": 0.0, "revise": True, "train": {"mode": "grpo"}},
     "ead": {"guided_fraction": 0.0, "anneal": True, "train": {"mode": "grpo"}},
+    "nudge": {"guided_fraction": 0.0, "nudge": True, "train": {"mode": "grpo"}},
+    "nudge+herl": {
+        "guided_fraction": 0.0,
+        "nudge": True,
+        "revise": True,
+        "train": {"mode": "grpo"},
+    },
 }
-REVIEWED = ("r3l", "herl")  # the arms a reviewer serves
+REVIEWED = ("r3l", "herl", "nudge", "nudge+herl")  # the arms a reviewer serves
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ FLAGGED = (
     "reflection",
     "insights",
     "revise",
+    "nudge",
     "anneal",
     "reviewer",
     "reviewer_url",

@@ -64,6 +64,11 @@ class RunSettings(BaseModel):
         description="the reviewer revises the best attempt of a group that all failed, and a "
         "revision the verifier passes is trained off-policy (HeRL)",
     )
+    nudge: bool = Field(
+        False,
+        description="the reviewer writes a hint for a group that all failed, the policy tries "
+        "again with it, and its successes are distilled into the bare prompt (NudgeRL)",
+    )
     reviewer_url: str | None = Field(
         None, description="an endpoint for reflections and judgements; none: the policy itself"
     )
@@ -126,6 +131,7 @@ class RunSettings(BaseModel):
             reflection=self.reflection,
             insights=self.insights,
             revise=self.revise,
+            nudge=self.nudge,
             annealing=self.annealing if self.anneal else None,
             strategy=self.strategy if self.sge else None,
         )

@@ -20,10 +20,12 @@ from pydantic import (
     model_validator,
 )
 
-AttemptKind = Literal["base", "guided", "retry", "reflection", "insight", "revision"]
+AttemptKind = Literal[
+    "base", "guided", "retry", "reflection", "insight", "revision", "nudge", "hint"
+]
 FULL_REWARD = 1.0  # the verifier's reward for a complete, correct answer
 FIRST_KINDS: tuple[AttemptKind, ...] = ("base", "guided")  # one per slot, as first sampled
-ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry")  # attempts at the task itself
+ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry", "nudge")  # at the task itself
 VERIFIED_KINDS: tuple[AttemptKind, ...] = (*ROLLOUT_KINDS, "revision")  # answers with a verdict
 LossType = Literal["policy", "pivot", "forced"]
 GroupPurpose = Literal["train", "eval", "capture"]

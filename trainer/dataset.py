@@ -1,7 +1,7 @@
 """Training rows from stored groups, on exactly the token ids the server sampled.
 
-1. A group's members are its first attempts and its retries; one advantage mode scores them
-   (`trainer.advantages`). Members whose advantage is zero are dropped.
+1. A group's members are its first attempts, its retries and its nudged attempts; one
+   advantage mode scores them (`trainer.advantages`). Members whose advantage is zero are dropped.
 2. Context at train time: a guided member is trained as a *distill copy*, its sampled completion
    under the bare prompt (the ids the server tokenised for the unguided attempts), without the
    importance weight, since it was never sampled under that prompt. Only distill copies with a
@@ -16,7 +16,9 @@
    worst first attempt other than its parent, and the parent earns a bonus towards it,
    r' = r + bonus * (r_rev - r). The revision is trained under the bare prompt as an off-policy
    row (`trainer.round` weighs it with the shaped weight).
-5. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
+5. NudgeRL: attempts sampled with a reviewer's hint (a group that all failed) are members like
+   the rest and, being guided, are distilled: a nudged success is trained under the bare prompt.
+6. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
    that led to it. RLTLDR filters the rows to a positive ratio and adds insight SFT rows (the
    insight given only the task, weight lambda).
 """
@@ -96,11 +98,13 @@ def member_advantages(group: Group, settings: TrainSettings) -> dict[tuple[int, 
 
 
 def _members(group: Group) -> list[Attempt]:
-    retries = [a for a in group.attempts if a.kind == "retry" and a.error is None]
+    """The attempts a group's advantages are computed over: its first attempts, retries and
+    nudged attempts (NudgeRL), and a winning revision in place of its worst first attempt."""
+    extras = [a for a in group.attempts if a.kind in ("retry", "nudge") and a.error is None]
     revision = winning_revision(group)
     if revision is None:
-        return group.first_attempts + retries
-    return _without_worst(group.first_attempts, revision.parent_index) + retries + [revision]
+        return group.first_attempts + extras
+    return _without_worst(group.first_attempts, revision.parent_index) + extras + [revision]
 
 
 def winning_revision(group: Group) -> Attempt | None:

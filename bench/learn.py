@@ -30,18 +30,21 @@ end, paired on the same held-out tasks (each arm against the first, with a 95% i
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
     .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--minutes M]
-        [--reviewer NAME] [--json P] [--png P]
+        [--reviewer NAME] [--keep DIR] [--json P] [--png P]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
     parser.add_argument("--reviewer", default=None, help="a reviewer model for r3l and herl")
     parser.add_argument("--port", type=int, default=8021)
+    parser.add_argument("--keep", type=Path, default=None, help="keep each arm's folder here")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
     args = parser.parse_args()
@@ -110,6 +114,20 @@ def main() -> None:
         plot(result, args.png)
 
 
+@contextmanager
+def _workdir(arm: str, keep: Path | None) -> Iterator[Path]:
+    """The arm's working folder (its store, versions and logs): `keep/arm`, started afresh, or
+    a temporary folder removed at the end."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=f"flywheel-learn-{arm}-") as scratch:
+            yield Path(scratch)
+        return
+    folder = keep / arm
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    yield folder
+
+
 def _reviewer_folder(reviewer: str | None) -> str | None:
     """A named reviewer is built once, here, not in each arm's working folder."""
     if reviewer in REVIEWERS:
@@ -122,8 +140,7 @@ def run_arm(
 ) -> dict[str, Any]:
     spec = dict(ARMS[arm])
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
-    with tempfile.TemporaryDirectory(prefix=f"flywheel-learn-{arm}-") as scratch:
-        workdir = Path(scratch)
+    with _workdir(arm, args.keep) as workdir:
         config = workdir / "arm.toml"
         config.write_text(_toml(spec))
         summary_path = workdir / "summary.json"

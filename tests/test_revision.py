@@ -117,7 +117,7 @@ def test_an_off_policy_token_takes_herls_shaped_weight() -> None:
     """L = -A * rho / (rho + gamma), rho = pi / mu: d L / d log pi = -A * gamma * rho /
     (rho + gamma)^2 on an off-policy row; an on-policy row keeps -A * w."""
     logp = torch.log(torch.tensor([[0.5, 0.2, 0.9]])).repeat(2, 1).requires_grad_()
-    trainer = SimpleNamespace(is_cap=2.0, shaping_gamma=0.1)
+    trainer = SimpleNamespace(is_cap=2.0, shaping_gamma=0.1, clip=None, drift=[])
     model = lambda **_: SimpleNamespace(log_probs=logp[:, 1:])  # noqa: E731
     inputs = {
         "input_ids": torch.zeros(2, 3, dtype=torch.long),

@@ -186,3 +186,52 @@ def test_training_raises_the_likelihood_of_rewarded_completions(
     after = (nll(trained, True), nll(trained, False))
     assert after[0] < before[0] - 0.1
     assert after[1] > before[1]
+    assert result.kl_first is not None and result.kl_last is not None
+    assert result.kl_first >= 0 and result.kl_last >= 0 and 0 <= (result.outside_share or 0) <= 1
+
+
+def test_the_trust_region_stops_tokens_already_moved_in_their_advantages_direction() -> None:
+    """With clip 0.2: a token pushed up past 1.2 (A > 0) or down below 0.8 (A < 0) gets no
+    gradient; one inside the region keeps -A * w; without clip all four do, and the step's drift
+    (KL and the share outside) is noted either way."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer.dataset import IGNORE
+    from trainer.round import PolicyGradientTrainer
+
+    ratios = torch.tensor([1.5, 1.1, 0.5, 0.9])  # pi / mu of four sampled tokens
+    signs = torch.tensor([1.0, 1.0, -1.0, -1.0])
+
+    def gradient(clip: float | None) -> tuple[torch.Tensor, list]:
+        logp = torch.cat([torch.zeros(1), torch.log(ratios * 0.5)])[None, :].requires_grad_()
+        trainer = SimpleNamespace(is_cap=2.0, shaping_gamma=0.1, clip=clip, drift=[])
+
+        class Model:
+            training = True
+
+            def __call__(self, **_: object) -> SimpleNamespace:
+                return SimpleNamespace(log_probs=logp[:, 1:])
+
+        inputs = {
+            "input_ids": torch.zeros(1, 5, dtype=torch.long),
+            "labels": torch.tensor([[IGNORE, 1, 1, 1, 1]]),
+            "advantages": torch.cat([torch.zeros(1), signs])[None, :],
+            "behaviour_logprobs": torch.full((1, 5), float(torch.log(torch.tensor(0.5)))),
+            "importance": torch.tensor([True]),
+            "off_policy": torch.tensor([False]),
+        }
+        loss = PolicyGradientTrainer.compute_loss(trainer, Model(), inputs)  # type: ignore[arg-type]
+        loss.backward()
+        return logp.grad[0, 1:], trainer.drift
+
+    clipped, drift = gradient(0.2)
+    assert clipped[0] == 0 and clipped[2] == 0
+    assert torch.isclose(clipped[1], torch.tensor(-1.1 / 4)) and torch.isclose(
+        clipped[3], torch.tensor(0.9 / 4)
+    )
+    free, _ = gradient(None)
+    assert torch.allclose(free, -signs * ratios / 4)
+    ((kl, outside),) = drift
+    assert outside == 0.5 and kl > 0

@@ -53,16 +53,25 @@ class RoundResult(BaseModel):
     seconds: float
     resumed_from_step: int = Field(0, description="-1: already published, not trained again")
     contexts: dict[str, int] = {}
+    kl_first: float | None = None  # KL to the sampling policy, first tenth of the steps
+    kl_last: float | None = None  # and last tenth
+    outside_share: float | None = None  # sampled tokens past the trust region, mean per step
 
 
 class PolicyGradientTrainer(SFTTrainer):
     """SFTTrainer with an advantage-weighted, importance-corrected policy-gradient loss."""
 
     def __init__(
-        self, *args: Any, is_cap: float = 2.0, shaping_gamma: float = 0.1, **kwargs: Any
+        self,
+        *args: Any,
+        is_cap: float = 2.0,
+        shaping_gamma: float = 0.1,
+        clip: float | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.is_cap, self.shaping_gamma = is_cap, shaping_gamma
+        self.is_cap, self.shaping_gamma, self.clip = is_cap, shaping_gamma, clip
+        self.drift: list[tuple[float, float]] = []  # per step: (KL, share outside the region)
 
     def compute_loss(
         self,
@@ -80,13 +89,39 @@ class PolicyGradientTrainer(SFTTrainer):
         logp = outputs.log_probs
         mask = (inputs["labels"][:, 1:] != IGNORE).float()
         advantages, behaviour = advantages[:, 1:], behaviour[:, 1:]
-        ratio = torch.exp(logp.detach() - behaviour).clamp(max=self.is_cap)
-        weight = torch.where(importance[:, None], ratio, torch.ones_like(ratio))
+        ratio = torch.exp(logp.detach() - behaviour)
+        sampled = importance[:, None] & (mask > 0)  # tokens the policy sampled, in this prompt
+        eps = 0.2 if self.clip is None else self.clip  # 0.2: PPO's region, for the record
+        outside = sampled & outside_region(ratio, advantages, eps)
+        weight = torch.where(importance[:, None], ratio.clamp(max=self.is_cap), 1.0)
+        if self.clip is not None:
+            weight = torch.where(outside, 0.0, weight)
         rho = torch.exp(torch.where(off_policy[:, None], logp - behaviour, 0.0))
         shaped = rho / (rho + self.shaping_gamma)
         per_token = torch.where(off_policy[:, None], shaped, weight * logp) * -advantages * mask
         loss = per_token.sum() / mask.sum().clamp(min=1.0)
+        drift = drift_of(ratio, sampled, outside) if getattr(model, "training", False) else None
+        if drift is not None:
+            self.drift.append(drift)
         return (loss, outputs) if return_outputs else loss
+
+
+def outside_region(ratio: torch.Tensor, advantages: torch.Tensor, eps: float) -> torch.Tensor:
+    """Tokens past PPO's trust region: already pushed up (A > 0) beyond 1 + eps, or down
+    (A < 0) below 1 - eps, since they were sampled."""
+    return ((advantages > 0) & (ratio > 1 + eps)) | ((advantages < 0) & (ratio < 1 - eps))
+
+
+def drift_of(
+    ratio: torch.Tensor, sampled: torch.Tensor, outside: torch.Tensor
+) -> tuple[float, float] | None:
+    """How far the policy has moved from the one that sampled `sampled` tokens: the mean KL (k3
+    estimator, (r - 1) - log r) and the share of those tokens outside the trust region."""
+    n = int(sampled.sum())
+    if n == 0:
+        return None
+    r = ratio[sampled]
+    return float(((r - 1) - torch.log(r)).mean()), float(outside.sum()) / n
 
 
 def train_round(
@@ -123,6 +158,7 @@ def train_round(
         peft_config=None if parent_adapter else lora_config(settings),
         is_cap=settings.is_cap,
         shaping_gamma=settings.shaping_gamma,
+        clip=settings.clip,
     )
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(_Progress())
@@ -141,7 +177,21 @@ def train_round(
     losses = [entry["loss"] for entry in history if "loss" in entry]
     train_seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), 0.0)
     step = int(resume.name.split("-")[-1]) if resume else 0
-    return _result(path, rows, losses, train_seconds, started, resumed_from_step=step)
+    result = _result(path, rows, losses, train_seconds, started, resumed_from_step=step)
+    return result.model_copy(update=_drift_figures(trainer.drift))
+
+
+def _drift_figures(drift: list[tuple[float, float]]) -> dict[str, float | None]:
+    """The KL from the sampling policy over the first and last tenth of the steps, and the share
+    of sampled tokens outside the trust region over the round."""
+    if not drift:
+        return {}
+    tenth = max(1, len(drift) // 10)
+    return {
+        "kl_first": sum(k for k, _ in drift[:tenth]) / tenth,
+        "kl_last": sum(k for k, _ in drift[-tenth:]) / tenth,
+        "outside_share": sum(o for _, o in drift) / len(drift),
+    }
 
 
 def _result(

@@ -29,6 +29,13 @@ class TrainSettings(BaseModel):
     batch_size: int = 8
     max_length: int = 512
     is_cap: float = 2.0
+    clip: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="PPO's trust region on sampled tokens: no gradient to a token already "
+        "pushed past 1 +- clip from its sampling probability in its advantage's direction",
+    )
     shaping_gamma: float = Field(0.1, gt=0.0, description="HeRL's gamma on off-policy rows")
     revision_bonus: float = Field(0.05, ge=0.0, description="HeRL's bonus to a revised attempt")
     seed: int = 0

@@ -1,0 +1,126 @@
+"""What each round of a run trained on, read back from its store: to tell a round that collapsed
+from one that learned.
+
+Per round: the parent's and the new version's held-out pass@1, the paired change on the same
+held-out tasks (tasks gained and lost against the parent), the rows rebuilt from the round's
+recorded groups with its recorded settings (by context), the share of trained tokens pushed
+down (negative advantage) and the advantage mass each way, the share of those rows that are
+distill copies (trained under a prompt they were not sampled in, without an importance weight),
+the bare success rate of its train groups, and, where the trainer recorded them, the KL from the
+sampling policy over the first and last tenth of the steps and the share of sampled tokens past
+PPO's trust region.
+
+    .venv/bin/python bench/rounds.py --db sqlite:///RUN/flywheel.db [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from flows.table import text_table  # noqa: E402
+from memory import store  # noqa: E402
+from memory.records import Group, TrainingRound  # noqa: E402
+from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts  # noqa: E402
+from trainer.settings import TrainSettings  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True, help="the run's database URL")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    engine = store.open_store(args.db)
+    with store.transaction(engine) as session:
+        rounds = store.training_rounds(session, last=1000)
+        figures = [diagnose(session, r) for r in rounds if r.status == "done"]
+    print_table(figures)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def diagnose(session: Any, record: TrainingRound) -> dict[str, Any]:
+    groups = store.groups_by_id(session, record.group_ids)
+    rows = build_rows(groups, TrainSettings(**record.hyperparameters))
+    parent = _solved(session, record.policy_in)
+    child = _solved(session, record.policy_out or "")
+    common = parent.keys() & child.keys()
+    return {
+        "round": record.round_index,
+        "parent": record.policy_in,
+        "parent_pass_at_1": _share(parent),
+        "pass_at_1": _share(child),
+        "gained": sum(child[t] and not parent[t] for t in common),
+        "lost": sum(parent[t] and not child[t] for t in common),
+        "rows": len(rows),
+        "contexts": context_counts(rows),
+        **token_mass(rows),
+        "bare_success": _bare_success(groups),
+        **{k: record.metrics.get(k) for k in ("kl_first", "kl_last", "outside_share")},
+    }
+
+
+def token_mass(rows: list[TrainRow]) -> dict[str, float]:
+    """Trained tokens pushed down, and the advantage mass up and down, over all rows; and the
+    share of rows that are distill copies."""
+    advantages = [
+        a for row in rows for a, label in zip(row.advantages, row.labels, strict=True)
+        if label != IGNORE
+    ]  # fmt: skip
+    up = sum(a for a in advantages if a > 0)
+    down = -sum(a for a in advantages if a < 0)
+    return {
+        "tokens": len(advantages),
+        "negative_share": sum(a < 0 for a in advantages) / max(1, len(advantages)),
+        "mass_up": up,
+        "mass_down": down,
+        "distill_share": sum(r.context.startswith("distill") for r in rows) / max(1, len(rows)),
+    }
+
+
+def _solved(session: Any, name: str) -> dict[str, bool]:
+    groups = store.load_groups(session, "eval", policy_version=name)
+    return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
+
+
+def _share(solved: dict[str, bool]) -> float | None:
+    return statistics.fmean(solved.values()) if solved else None
+
+
+def _bare_success(groups: list[Group]) -> float | None:
+    bare = [a.correct for g in groups for a in g.bare_attempts]
+    return statistics.fmean(bare) if bare else None
+
+
+def print_table(figures: list[dict[str, Any]]) -> None:
+    header = ["round", "parent", "pass@1", "gained/lost", "rows", "distill", "tokens down"]
+    header += ["mass up/down", "bare ok", "KL first/last", "outside"]
+
+    def num(value: float | None, fmt: str = ".3f") -> str:
+        return "-" if value is None else format(value, fmt)
+
+    rows = [
+        [
+            str(f["round"]), num(f["parent_pass_at_1"]), num(f["pass_at_1"]),
+            f"+{f['gained']}/-{f['lost']}", str(f["rows"]), num(f["distill_share"], ".2f"),
+            num(f["negative_share"], ".2f"), f"{f['mass_up']:.0f}/{f['mass_down']:.0f}",
+            num(f["bare_success"], ".2f"),
+            f"{num(f['kl_first'], '.4f')}/{num(f['kl_last'], '.4f')}",
+            num(f["outside_share"], ".2f"),
+        ]
+        for f in figures
+    ]  # fmt: skip
+    print(text_table(header, rows))
+    for f in figures:
+        print(f"round {f['round']} rows by context: {f['contexts']}")
+
+
+if __name__ == "__main__":
+    main()

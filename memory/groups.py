@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import cast
 
 from sqlalchemy import (
+    Select,
     Table,
     bindparam,
     select,
@@ -135,6 +136,31 @@ def record_feedback(session: Session, task_id: str, score: float, reason: str) -
     ).first()
     if group is None or not group.attempts:
         raise NotFound(f"unknown capture id {task_id!r}")
+    _score(session, group, score, reason)
+
+
+def record_session_feedback(session: Session, session_id: str, score: float, reason: str) -> int:
+    """Score every captured turn of a session (the episode's reward); the number of turns."""
+    groups = session.scalars(captured_turns(session_id)).all()
+    if not groups:
+        raise NotFound(f"unknown session {session_id!r}")
+    for group in groups:
+        if group.attempts:
+            _score(session, group, score, reason)
+    return len(groups)
+
+
+def captured_turns(session_id: str) -> Select[RolloutGroupRow]:
+    """The query of a session's captured turns, oldest first."""
+    return (
+        select(RolloutGroupRow)
+        .where(RolloutGroupRow.purpose == "capture")
+        .where(RolloutGroupRow.plan["session"].as_string() == session_id)
+        .order_by(RolloutGroupRow.id)
+    )
+
+
+def _score(session: Session, group: RolloutGroupRow, score: float, reason: str) -> None:
     attempt = group.attempts[0]
     attempt.reward = score
     attempt.correct = score >= FULL_REWARD

@@ -24,6 +24,7 @@ AttemptKind = Literal[
     "base", "guided", "retry", "reflection", "insight", "revision", "nudge", "hint"
 ]
 FULL_REWARD = 1.0  # the verifier's reward for a complete, correct answer
+UNRATED = "captured, no feedback yet"  # the reason on captured traffic before any score
 FIRST_KINDS: tuple[AttemptKind, ...] = ("base", "guided")  # one per slot, as first sampled
 ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry", "nudge")  # at the task itself
 VERIFIED_KINDS: tuple[AttemptKind, ...] = (*ROLLOUT_KINDS, "revision")  # answers with a verdict

@@ -26,6 +26,7 @@ from memory.groups import (
     groups_by_id,
     load_groups,
     record_feedback,
+    record_session_feedback,
     set_advantages,
 )
 from memory.ingest import (
@@ -83,6 +84,7 @@ __all__ = [
     "record_alias_event",
     "record_evaluation",
     "record_feedback",
+    "record_session_feedback",
     "save_group",
     "save_groups",
     "save_policy_version",

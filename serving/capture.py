@@ -1,19 +1,43 @@
 """Capture: gateway traffic recorded as trajectories, so real usage feeds the flywheel.
 
-A captured chat completion is stored as a one-attempt group (purpose `capture`) with the exact
-prompt and completion token ids and logprobs the server sampled, reward 0 until feedback or a
-verifier score arrives (`record_feedback`). The fields the gateway added to the upstream request
-to get those ids are removed from the caller's response unless the caller asked for them.
+1. A captured chat completion is stored as a one-attempt group (purpose `capture`) with the
+   exact prompt and completion token ids and logprobs the server sampled, reward 0 until
+   feedback or a verifier score arrives (`record_feedback`). The fields the gateway added to the
+   upstream request to get those ids are removed from the caller's response unless the caller
+   asked for them.
+2. Turns of one conversation are tied by the `X-Flywheel-Session` header, or, without it, by
+   the request's `user` field; episodes of the same task by the `X-Flywheel-Task` header. Both
+   are kept in the captured group's plan (`{"session": ..., "task": ...}`), and
+   `memory.sessions` stitches a session's turns into one token sequence.
+3. A request with `X-Flywheel-Capture: off`, or made with a key listed as uncaptured, is
+   answered and not recorded.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from memory.records import Attempt, Group, Sample, SamplingSettings
+from memory.records import UNRATED, Attempt, Group, Sample, SamplingSettings
 
 CAPTURE_HEADER = "X-Flywheel-Capture-Id"
+SESSION_HEADER = "X-Flywheel-Session"
+TASK_HEADER = "X-Flywheel-Task"
+OPT_OUT_HEADER = "X-Flywheel-Capture"
+
+
+def tags(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, str]:
+    """The session (header, else the `user` field) and task (header) a request belongs to."""
+    found = {
+        "session": headers.get(SESSION_HEADER) or body.get("user"),
+        "task": headers.get(TASK_HEADER),
+    }
+    return {k: str(v)[:200] for k, v in found.items() if v}
+
+
+def opted_out(headers: Mapping[str, str]) -> bool:
+    return headers.get(OPT_OUT_HEADER, "").strip().lower() in ("off", "0", "no", "false")
 
 
 def prepare_request(body: dict[str, Any]) -> dict[str, bool]:
@@ -24,9 +48,14 @@ def prepare_request(body: dict[str, Any]) -> dict[str, bool]:
     return asked
 
 
-def captured_group(body: dict[str, Any], response: dict[str, Any], task_id: str) -> Group | None:
-    """The trajectory in a completed chat response (stored under `task_id`), or None if it
-    lacks token ids."""
+def captured_group(
+    body: dict[str, Any],
+    response: dict[str, Any],
+    task_id: str,
+    tagged: dict[str, str] | None = None,
+) -> Group | None:
+    """The trajectory in a completed chat response (stored under `task_id`, with its session
+    and task `tagged`), or None if it lacks token ids."""
     choices = response.get("choices") or []
     prompt_ids = response.get("prompt_token_ids")
     if not choices or prompt_ids is None or choices[0].get("token_ids") is None:
@@ -56,7 +85,7 @@ def captured_group(body: dict[str, Any], response: dict[str, Any], task_id: str)
         correct=False,
         format_ok=False,
         answer=None,
-        reason="captured, no feedback yet",
+        reason=UNRATED,
     )
     return Group(
         round_index=0,
@@ -67,6 +96,7 @@ def captured_group(body: dict[str, Any], response: dict[str, Any], task_id: str)
         policy_version=body["model"],
         size=1,
         attempts=[attempt],
+        plan=tagged or {},
     )
 
 

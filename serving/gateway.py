@@ -10,7 +10,9 @@
    every upstream), promote through the evaluation gate, and roll back; every decision is
    recorded in the store.
 4. With capture on, chat completions, streamed or not, are stored as trajectories
-   (`serving.capture`); a capture that cannot be stored is logged and the answer still goes out.
+   (`serving.capture`), tagged with their session and task; a capture that cannot be stored is
+   logged and the answer still goes out. `/v1/feedback` scores one captured turn (`id`) or a
+   whole session (`session`: every turn of it).
 5. Keys: user keys for inference (none configured: inference is open), admin keys for admin
    routes. Missing or unknown key: 401; a user key on an admin route: 403. Other routes: 404.
 """
@@ -32,7 +34,7 @@ import httpx
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import Engine
 
 from memory import store
@@ -54,9 +56,18 @@ class LoadRequest(BaseModel):
 
 
 class FeedbackRequest(BaseModel):
-    id: str
+    """A score for one captured turn (`id`, its capture id) or a whole session (`session`)."""
+
+    id: str | None = None
+    session: str | None = None
     score: float = Field(ge=0.0, le=1.0)
     reason: str = "user feedback"
+
+    @model_validator(mode="after")
+    def _one_target(self) -> FeedbackRequest:
+        if (self.id is None) == (self.session is None):
+            raise ValueError("give either id (a capture id) or session")
+        return self
 
 
 class PromoteRequest(BaseModel):
@@ -120,9 +131,9 @@ def _inference_routes(
         }
 
     @app.post("/v1/feedback", dependencies=[user])
-    async def feedback(body: FeedbackRequest) -> dict[str, str]:
-        await anyio.to_thread.run_sync(_save_feedback, engine, body)  # unknown id: 404
-        return {"status": "recorded", "id": body.id}
+    async def feedback(body: FeedbackRequest) -> dict[str, Any]:
+        turns = await anyio.to_thread.run_sync(_save_feedback, engine, body)  # unknown: 404
+        return {"status": "recorded", "id": body.id, "session": body.session, "turns": turns}
 
     @app.post(CHAT, dependencies=[user])
     async def chat(request: Request) -> Response:
@@ -170,7 +181,8 @@ async def _proxy(
     if version is None:
         raise HTTPException(404, f"model {body.get('model')!r} is not served here")
     body["model"] = version
-    capturing = router.settings.capture and route == CHAT
+    capturing = router.settings.capture and route == CHAT and _captured(request, router.settings)
+    tagged = capture.tags(request.headers, body)
     asked = capture.prepare_request(body) if capturing else None
     router.inflight[version] += 1
     try:
@@ -179,7 +191,7 @@ async def _proxy(
         router.inflight[version] -= 1
         raise
     if body.get("stream"):
-        return _relay(upstream, router, version, engine, body, asked)
+        return _relay(upstream, router, version, engine, body, asked, tagged)
     try:
         content = await upstream.aread()
     except httpx.HTTPError as exc:
@@ -188,7 +200,7 @@ async def _proxy(
         await upstream.aclose()
         router.inflight[version] -= 1
     if asked is not None and upstream.status_code == 200:
-        return await _recorded(engine, body, content, asked)
+        return await _recorded(engine, body, content, asked, tagged)
     return Response(
         content,
         status_code=upstream.status_code,
@@ -251,6 +263,7 @@ def _relay(
     engine: Engine,
     body: dict[str, Any],
     asked: dict[str, bool] | None,
+    tagged: dict[str, str],
 ) -> StreamingResponse:
     """Relay a stream; with capture, record it and drop the fields the caller did not ask
     for. An upstream that fails mid-stream ends it with an error event."""
@@ -267,7 +280,7 @@ def _relay(
             assert asked is not None
             async for line in upstream.aiter_lines():
                 yield (capture.relay_line(line, recorder, asked) + "\n").encode()
-            await _store_capture(engine, body, recorder.response(), capture_id)
+            await _store_capture(engine, body, recorder.response(), capture_id, tagged)
         except httpx.HTTPError as exc:
             log.warning("upstream failed mid-stream for %s: %s", version, exc)
             message = {"message": f"the model server failed mid-stream: {exc}", "code": 502}
@@ -286,21 +299,29 @@ def _relay(
 
 
 async def _recorded(
-    engine: Engine, body: dict[str, Any], content: bytes, asked: dict[str, bool]
+    engine: Engine,
+    body: dict[str, Any],
+    content: bytes,
+    asked: dict[str, bool],
+    tagged: dict[str, str],
 ) -> Response:
     payload = json.loads(content)
     capture_id = f"capture:{uuid.uuid4().hex}"
-    stored = await _store_capture(engine, body, payload, capture_id)
+    stored = await _store_capture(engine, body, payload, capture_id, tagged)
     headers = {capture.CAPTURE_HEADER: capture_id} if stored else {}
     return JSONResponse(capture.strip_unasked(payload, asked), headers=headers)
 
 
 async def _store_capture(
-    engine: Engine, body: dict[str, Any], payload: dict[str, Any], capture_id: str
+    engine: Engine,
+    body: dict[str, Any],
+    payload: dict[str, Any],
+    capture_id: str,
+    tagged: dict[str, str],
 ) -> bool:
     """Store a captured trajectory; a failure is logged, never the caller's problem."""
     try:
-        group = capture.captured_group(body, payload, capture_id)
+        group = capture.captured_group(body, payload, capture_id, tagged)
         if group is None:
             return False
         await anyio.to_thread.run_sync(_save_group, engine, group)
@@ -334,9 +355,21 @@ def _save_group(engine: Engine, group: Any) -> None:
         store.save_group(session, group)
 
 
-def _save_feedback(engine: Engine, body: FeedbackRequest) -> None:
+def _save_feedback(engine: Engine, body: FeedbackRequest) -> int:
+    """Record the score; the number of turns it reached."""
     with store.transaction(engine) as session:
+        if body.session is not None:
+            return store.record_session_feedback(session, body.session, body.score, body.reason)
+        assert body.id is not None
         store.record_feedback(session, body.id, body.score, body.reason)
+        return 1
+
+
+def _captured(request: Request, settings: GatewaySettings) -> bool:
+    """Whether this request's traffic may be recorded: not opted out by header or by its key."""
+    header = request.headers.get("authorization", "")
+    key = header.removeprefix("Bearer ").strip()
+    return not capture.opted_out(request.headers) and key not in settings.uncaptured_keys
 
 
 def _key_check(settings: GatewaySettings, admin: bool) -> Any:

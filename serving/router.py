@@ -49,6 +49,7 @@ class GatewaySettings(BaseModel):
     timeout_s: float = 600.0
     sync_interval_s: float = 5.0
     capture: bool = False
+    uncaptured_keys: frozenset[str] = frozenset()  # keys whose traffic is never recorded
 
 
 class NoUpstream(UpstreamError):

@@ -1,0 +1,128 @@
+"""Captured sessions as episodes: the turns of one conversation stitched into one token sequence,
+and the episodes of one task grouped for training.
+
+1. A session's turns (chat completions captured by the gateway with the same session tag,
+   `serving.capture`) are stitched token-exactly, as `agents.episode` plays its own episodes:
+   the episode's prompt is the first turn's prompt ids; each turn adds the completion ids the
+   server sampled (trained, with its logprobs), and the tokens between one turn's end and the
+   next turn's prompt (the next user message or tool result with the template's turn markers)
+   are a forced span, never trained. This holds only where each turn's prompt ids begin with
+   everything before it, that is where the server renders the earlier turns as the very tokens
+   it sampled. A session where that fails is not stitched (its reason names the turn) and is
+   never trained on.
+2. An episode's reward is its last turn's score: session feedback (`record_session_feedback`)
+   scores every turn; an episode whose last turn has no score is unrated.
+3. Rated episodes tagged with the same task form one group, the unit group advantages are
+   computed over; a task needs at least `min_episodes` of them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from memory.models import RolloutGroupRow
+from memory.records import UNRATED, Attempt, Group, Sample
+from memory.rows import group_record
+
+
+def stitch(turns: list[Attempt]) -> Attempt | str:
+    """The turns as one episode attempt, or why they cannot be one."""
+    if not turns or any(t.sample is None for t in turns):
+        return "a turn has no sample"
+    first = turns[0].sample
+    assert first is not None
+    completion: list[int] = []
+    logprobs: list[float] = []
+    spans: list[tuple[int, int]] = []
+    for number, turn in enumerate(turns, 1):
+        sample = turn.sample
+        assert sample is not None
+        if number > 1:
+            so_far = first.prompt_token_ids + completion
+            if sample.prompt_token_ids[: len(so_far)] != so_far:
+                return f"turn {number}'s prompt does not begin with the turns before it"
+            between = sample.prompt_token_ids[len(so_far) :]
+            spans.append((len(completion), len(completion) + len(between)))
+            completion += between
+            logprobs += [0.0] * len(between)
+        completion += sample.completion_token_ids
+        logprobs += sample.logprobs
+    last = turns[-1]
+    assert last.sample is not None
+    text = "\n".join(f"[turn {i}] {t.sample.text}" for i, t in enumerate(turns, 1) if t.sample)
+    return last.model_copy(
+        update={
+            "policy_version": first_version(turns),
+            "messages": [*last.messages, {"role": "assistant", "content": last.sample.text}],
+            "sampling": turns[0].sampling,
+            "sample": Sample(
+                text=text,
+                prompt_token_ids=first.prompt_token_ids,
+                completion_token_ids=completion,
+                logprobs=logprobs,
+                finish_reason=last.sample.finish_reason,
+            ),
+            "forced_spans": spans,
+            "turns": len(turns),
+            "generated_tokens": sum(len(t.sample.completion_token_ids) for t in turns if t.sample),
+        }
+    )
+
+
+def first_version(turns: list[Attempt]) -> str:
+    """The version that answered the first turn (each token keeps its own behaviour logprob,
+    so an alias that moved mid-session changes nothing the trainer needs)."""
+    return turns[0].policy_version
+
+
+def session_turns(session: Session, tag: str = "session") -> dict[str, list[Group]]:
+    """Captured turns by their `tag` value (each session's turns oldest first)."""
+    query = (
+        select(RolloutGroupRow)
+        .where(RolloutGroupRow.purpose == "capture")
+        .where(RolloutGroupRow.plan[tag].as_string().is_not(None))
+        .order_by(RolloutGroupRow.id)
+    )
+    found: dict[str, list[Group]] = defaultdict(list)
+    for row in session.scalars(query):
+        found[str((row.plan or {})[tag])].append(group_record(row))
+    return dict(found)
+
+
+def episodes(session: Session) -> dict[str, Attempt | str]:
+    """Every captured session, stitched (or the reason it could not be)."""
+    return {
+        sid: stitch([g.attempts[0] for g in turns if g.attempts])
+        for sid, turns in session_turns(session).items()
+    }
+
+
+def episode_groups(session: Session, min_episodes: int = 2) -> list[Group]:
+    """Groups of rated, stitched episodes, one per task tag with at least `min_episodes`."""
+    by_task: dict[str, list[tuple[str, Attempt, str]]] = defaultdict(list)
+    for sid, turns in session_turns(session).items():
+        task = turns[0].plan.get("task")
+        episode = stitch([g.attempts[0] for g in turns if g.attempts])
+        if task and isinstance(episode, Attempt) and episode.reason != UNRATED:
+            by_task[str(task)].append((sid, episode, turns[0].question))
+    return [
+        _group(task, found) for task, found in sorted(by_task.items()) if len(found) >= min_episodes
+    ]
+
+
+def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
+    attempts = [e.model_copy(update={"sample_index": i}) for i, (_, e, _) in enumerate(found)]
+    return Group(
+        round_index=0,
+        purpose="capture",
+        task_id=f"task:{task}",
+        taskset="gateway",
+        question=found[0][2],
+        policy_version=attempts[0].policy_version,
+        size=len(attempts),
+        attempts=attempts,
+        plan={"task": task, "sessions": [sid for sid, _, _ in found]},
+    )

@@ -1,0 +1,165 @@
+"""Agent traffic as episodes: a session's captured turns stitched token-exactly, episodes of a task
+grouped, rewarded by session feedback, and capture opted out by header or key. The upstream is a
+scripted vLLM with a toy chat template: each message renders as its role's marker, its
+characters and an end-of-turn token, and the generation prompt is the assistant's marker."""
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from memory import store
+from memory.sessions import episode_groups, episodes, stitch
+from serving import probe
+from serving.gateway import GatewaySettings, create_app
+from tests.conftest import seed_promoted
+from trainer.dataset import IGNORE, build_rows
+from trainer.settings import TrainSettings
+
+ROLES = {"system": 100, "user": 101, "assistant": 102, "tool": 103}
+END = 2
+
+
+def render(messages: list[dict]) -> list[int]:
+    ids: list[int] = []
+    for message in messages:
+        ids += [ROLES[message["role"]], *map(ord, message["content"]), END]
+    return ids
+
+
+def toy_vllm(answers: dict[str, str], exact: bool = True):
+    """Answers the text that `answers` gives for the last user message; with `exact` off it
+    renders earlier assistant turns with a space after them (not the tokens it sampled)."""
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        messages = body["messages"]
+        if messages[0]["content"] == probe.PROMPT:
+            choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}}
+            return httpx.Response(200, json={"model": body["model"], "choices": [choice]})
+        if not exact:
+            messages = [
+                {**m, "content": m["content"] + " "} if m["role"] == "assistant" else m
+                for m in messages
+            ]
+        text = answers[messages[-1]["content"]]
+        completion = [*map(ord, text), END]
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop",
+            "token_ids": completion,
+            "logprobs": {"content": [{"token": "x", "logprob": -0.5} for _ in completion]},
+        }
+        prompt = render(messages) + [ROLES["assistant"]]
+        answer = {"model": body["model"], "prompt_token_ids": prompt, "choices": [choice]}
+        return httpx.Response(200, json=answer)
+
+    return upstream
+
+
+ANSWERS = {"add 2 and 3": "call add", "tool says 5": "5", "again": "6"}
+
+
+@pytest.fixture
+def capturing(tiny_model_path: Path, tmp_path: Path):
+    def make(exact: bool = True):
+        engine = store.open_store(f"sqlite:///{tmp_path / f'sessions-{exact}.db'}")
+        seed_promoted(engine, tiny_model_path.name)
+        settings = GatewaySettings(
+            upstreams=["http://up"],
+            base_model_path=tiny_model_path,
+            checkpoint_root=tmp_path,
+            capture=True,
+            uncaptured_keys=frozenset({"private-key"}),
+        )
+        app = create_app(settings, engine, transport=httpx.MockTransport(toy_vllm(ANSWERS, exact)))
+        return TestClient(app), engine
+
+    return make
+
+
+def converse(client: TestClient, headers: dict, last: str = "tool says 5", **extra) -> list:
+    """Two turns: a question, then a tool result after the model's call."""
+    messages = [{"role": "user", "content": "add 2 and 3"}]
+    replies = []
+    for follow_up in (None, last):
+        if follow_up is not None:
+            messages += [replies[-1], {"role": "tool", "content": follow_up}]
+        body = {"model": "policy", "messages": messages, **extra}
+        response = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200
+        replies.append(response.json()["choices"][0]["message"])
+    return [*messages, replies[-1]]
+
+
+def test_a_sessions_turns_are_stitched_into_the_servers_rendering_of_the_transcript(
+    capturing,
+) -> None:
+    client, engine = capturing()
+    with client:
+        transcript = converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        converse(client, {"X-Flywheel-Task": "sum"}, last="again", user="s2")  # `user` ties too
+        scored = client.post("/v1/feedback", json={"session": "s1", "score": 1.0})
+        assert scored.status_code == 200 and scored.json()["turns"] == 2
+        assert client.post("/v1/feedback", json={"session": "s2", "score": 0.0}).status_code == 200
+        assert client.post("/v1/feedback", json={"session": "nope", "score": 1}).status_code == 404
+        assert client.post("/v1/feedback", json={"score": 1.0}).status_code == 422
+    with store.transaction(engine) as session:
+        (group,) = episode_groups(session)
+    assert group.task_id == "task:sum" and group.plan["sessions"] == ["s1", "s2"]
+    first, second = group.attempts
+    assert (first.reward, second.reward, first.turns) == (1.0, 0.0, 2)
+    sample = first.sample
+    assert sample is not None
+    # The episode's ids are exactly the server's rendering of the whole transcript.
+    assert sample.prompt_token_ids + sample.completion_token_ids == render(transcript)
+    # The tool result between the turns, with its markers, is forced, never trained.
+    (span,) = first.forced_spans
+    between = sample.completion_token_ids[span[0] : span[1]]
+    assert between == [ROLES["tool"], *map(ord, "tool says 5"), END, ROLES["assistant"]]
+    assert sample.logprobs[span[0] : span[1]] == [0.0] * len(between)
+    (row, _) = build_rows([group], TrainSettings(mode="grpo", max_length=256))
+    trained = row.labels[len(sample.prompt_token_ids) :]
+    assert trained[span[0] : span[1]] == [IGNORE] * len(between)
+    assert trained[: span[0]] == sample.completion_token_ids[: span[0]]
+
+
+def test_a_session_the_server_renders_otherwise_is_not_stitched(capturing) -> None:
+    client, engine = capturing(exact=False)
+    with client:
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        client.post("/v1/feedback", json={"session": "s1", "score": 1.0})
+    with store.transaction(engine) as session:
+        assert episodes(session) == {
+            "s1": "turn 2's prompt does not begin with the turns before it"
+        }
+        assert episode_groups(session, min_episodes=1) == []
+
+
+def test_capture_is_opted_out_by_header_or_key(capturing) -> None:
+    client, engine = capturing()
+    with client:
+        converse(client, {"X-Flywheel-Session": "a", "X-Flywheel-Capture": "off"})
+        converse(client, {"X-Flywheel-Session": "b", "Authorization": "Bearer private-key"})
+        converse(client, {"X-Flywheel-Session": "c"})
+    with store.transaction(engine) as session:
+        assert set(episodes(session)) == {"c"}
+
+
+def test_an_unrated_episode_or_a_lone_one_makes_no_group(capturing) -> None:
+    client, engine = capturing()
+    with client:
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        converse(client, {"X-Flywheel-Session": "s2", "X-Flywheel-Task": "sum"})
+        client.post("/v1/feedback", json={"session": "s1", "score": 1.0})
+    with store.transaction(engine) as session:
+        assert episode_groups(session) == []
+        (group,) = episode_groups(session, min_episodes=1)
+    assert [a.reward for a in group.attempts] == [1.0]
+
+
+def test_stitch_refuses_an_empty_session() -> None:
+    assert stitch([]) == "a turn has no sample"

@@ -54,6 +54,7 @@ def gateway(args: argparse.Namespace) -> int:
         admin_keys=admin_keys,
         gate=Gate(min_gain=args.min_gain),
         capture=args.capture,
+        uncaptured_keys=keys("FLYWHEEL_UNCAPTURED_KEYS"),
     )
     from serving.server import ensure_port_free
 

@@ -25,6 +25,7 @@ FLAGGED = (
     "group_size",
     "eval_tasks",
     "taskset",
+    "source",
     "temperature",
     "guided_fraction",
     "sge",

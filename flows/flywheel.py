@@ -15,7 +15,9 @@
    with the version it needs (`flows.readiness`).
 5. The continuous loop (`serve_rounds`) splits a round across two deployments: `collect_batch`
    gathers a fresh batch for the next round on an interval, and `train_when_ready` trains,
-   swaps, evaluates and promotes once that round has enough complete groups.
+   swaps, evaluates and promotes once that round has enough complete groups. With `source`
+   captured or mixed, each training check first adopts the rated episode groups of captured
+   agent traffic into the round (`memory.sessions`); with captured alone nothing is generated.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from prefect import flow, get_run_logger, serve
 from flows import evaluation, rounds, stages
 from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
-from memory import store
+from memory import sessions, store
 from verifiers.catalog import train_tasks
 
 
@@ -111,6 +113,13 @@ async def train_when_ready(
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
     with store.transaction(stages.engine(settings.db_url)) as session:
         record = store.training_round(session, ctx.round_index)
+        if settings.source != "generated" and (record is None or record.status != "running"):
+            adopted = sessions.adopt(session, ctx.round_index, ctx.current.name)
+            if adopted:
+                get_run_logger().info(
+                    "round %d: %d groups of captured episodes adopted", ctx.round_index,
+                    len(adopted),
+                )  # fmt: skip
         groups = store.load_groups(
             session, "train", ctx.round_index, ctx.current.name, complete_only=True
         )
@@ -148,4 +157,7 @@ def serve_rounds(
         name="train", interval=train_every_s, parameters={**parameters, "min_groups": min_groups},
         description="Train, swap, evaluate and promote once enough complete groups exist.",
     )  # fmt: skip
-    serve(collecting, training, limit=1)
+    if settings.source == "captured":  # rounds train on agent traffic alone
+        serve(training, limit=1)
+    else:
+        serve(collecting, training, limit=1)

@@ -21,6 +21,10 @@ from flows.errors import FlowError
 def run(args: argparse.Namespace) -> int:
     writable(args.summary_json, "--summary-json")
     settings = run_settings(args)
+    if settings.source != "generated":
+        raise FlowError(
+            f"--source {settings.source} trains on captured agent traffic: use flywheel serve"
+        )
     if args.prefect == "local":
         _use_local_prefect(args.workdir, args.prefect_port)
     model_path = model_folder(args.model, args.workdir).resolve()
@@ -125,6 +129,8 @@ def serve(args: argparse.Namespace) -> int:
             "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
             "--port", str(args.gateway_port),
         ]  # fmt: skip
+        if settings.source != "generated":  # rounds train on its traffic: record it
+            command.append("--capture")
         gateway = subprocess.Popen(command)
     from flows.flywheel import serve_rounds
 

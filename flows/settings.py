@@ -37,6 +37,11 @@ class RunSettings(BaseModel):
     taskset: str = Field(
         "arithmetic", description="task set: a name, gym:NAME, or a plugin's module:attribute"
     )
+    source: Literal["generated", "captured", "mixed"] = Field(
+        "generated",
+        description="where flywheel serve's rounds get train groups: generated tasks, captured "
+        "agent traffic (rated episodes of a task, from the gateway with capture on), or both",
+    )
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")

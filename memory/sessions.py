@@ -14,6 +14,9 @@ and the episodes of one task grouped for training.
    scores every turn; an episode whose last turn has no score is unrated.
 3. Rated episodes tagged with the same task form one group, the unit group advantages are
    computed over; a task needs at least `min_episodes` of them.
+4. A round adopts the groups (`adopt`): each is stored as a train group of that round (its plan
+   names the sessions, so lineage reaches from a version to the traffic that trained it), and
+   its sessions' turns are marked with the round, so no episode is trained twice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections import defaultdict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from memory.groups import captured_turns, load_groups
+from memory.ingest import save_group
 from memory.models import RolloutGroupRow
 from memory.records import UNRATED, Attempt, Group, Sample
 from memory.rows import group_record
@@ -101,9 +106,12 @@ def episodes(session: Session) -> dict[str, Attempt | str]:
 
 
 def episode_groups(session: Session, min_episodes: int = 2) -> list[Group]:
-    """Groups of rated, stitched episodes, one per task tag with at least `min_episodes`."""
+    """Groups of rated, stitched episodes not yet adopted by a round, one per task tag with at
+    least `min_episodes`."""
     by_task: dict[str, list[tuple[str, Attempt, str]]] = defaultdict(list)
     for sid, turns in session_turns(session).items():
+        if any("round" in g.plan for g in turns):
+            continue
         task = turns[0].plan.get("task")
         episode = stitch([g.attempts[0] for g in turns if g.attempts])
         if task and isinstance(episode, Attempt) and episode.reason != UNRATED:
@@ -126,3 +134,30 @@ def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
         attempts=attempts,
         plan={"task": task, "sessions": [sid for sid, _, _ in found]},
     )
+
+
+def adopt(
+    session: Session, round_index: int, policy_version: str, min_episodes: int = 2
+) -> list[Group]:
+    """Store the new episode groups as train groups of `round_index` (under the version that
+    samples that round, where the round looks for them) and mark their turns as taken; a task
+    that already has a group in the round waits for the next one. Returns the groups stored."""
+    taken = {g.task_id for g in load_groups(session, "train", round_index, policy_version)}
+    adopted = []
+    for group in episode_groups(session, min_episodes):
+        if group.task_id in taken:
+            continue
+        train = group.model_copy(
+            update={
+                "purpose": "train",
+                "round_index": round_index,
+                "policy_version": policy_version,
+            }
+        )
+        group_id = save_group(session, train)
+        for sid in group.plan["sessions"]:
+            for row in session.scalars(captured_turns(sid)):
+                row.plan = {**(row.plan or {}), "round": round_index}
+        adopted.append(train.model_copy(update={"id": group_id}))
+    session.flush()
+    return adopted

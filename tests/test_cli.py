@@ -59,6 +59,8 @@ def test_help(command: list[str]) -> None:
         (["--db", "postgresql+psycopg://u@127.0.0.1:1/x"], "cannot open database"),
         (["--model", "/no/such/folder"], "none of smollm2, tiny, qwen2.5-coder-0.5b"),
         (["--summary-json", "/proc/no/s.json"], "--summary-json /proc/no/s.json cannot be written"),
+        (["--source", "captured"], "--source captured trains on captured agent traffic"),
+        (["--minutes", "0"], "--minutes: Input should be greater than 0"),
     ],
 )
 def test_bad_input_is_one_line(args, message, tmp_path: Path, capsys) -> None:

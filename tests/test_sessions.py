@@ -163,3 +163,26 @@ def test_an_unrated_episode_or_a_lone_one_makes_no_group(capturing) -> None:
 
 def test_stitch_refuses_an_empty_session() -> None:
     assert stitch([]) == "a turn has no sample"
+
+
+def test_a_round_adopts_rated_episode_groups_once_and_keeps_their_lineage(capturing) -> None:
+    from memory.sessions import adopt
+
+    client, engine = capturing()
+    with client:
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        converse(client, {"X-Flywheel-Session": "s2", "X-Flywheel-Task": "sum"}, last="again")
+        for sid, score in (("s1", 1.0), ("s2", 0.0)):
+            client.post("/v1/feedback", json={"session": sid, "score": score})
+    with store.transaction(engine) as session:
+        (adopted,) = adopt(session, round_index=3, policy_version="v2")
+        assert adopt(session, round_index=3, policy_version="v2") == []  # taken once
+    with store.transaction(engine) as session:
+        (stored,) = store.load_groups(session, "train", 3, "v2", complete_only=True)
+        assert episode_groups(session) == []
+    assert stored.id == adopted.id and stored.plan["sessions"] == ["s1", "s2"]
+    assert [a.turns for a in stored.attempts] == [2, 2]
+    assert [a.sample for a in stored.attempts] == [a.sample for a in adopted.attempts]
+    assert stored.attempts[0].forced_spans == adopted.attempts[0].forced_spans
+    rows = build_rows([stored], TrainSettings(mode="grpo", max_length=256))
+    assert [r.reward for r in rows] == [1.0, 0.0]

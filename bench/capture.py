@@ -1,0 +1,216 @@
+"""Capture benchmark: what recording agent traffic costs, and whether its episodes stitch.
+
+Starts SmolLM2-135M on the CPU vLLM server (with its tool template and the hermes tool-call
+parser) and two gateways in front of it, one capturing and one not, then:
+(a) completion tokens/s through the capturing gateway over the same load through the other
+    (the same requests, interleaved passes, the best of each);
+(b) multi-turn conversations, each its own session: plain chat (a question, an answer, a
+    follow-up), and `examples/agent.py`'s tool-using sums (tool calls parsed by the server,
+    tool results sent back). The share of sessions whose captured turns stitch into one
+    sequence, and of those, the share equal to the server's own rendering of the whole
+    transcript (its /tokenize of the messages).
+
+    .venv/bin/python bench/capture.py [--requests 48] [--sessions 16] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.serving import free_port, seed_store  # noqa: E402
+from examples.agent import ADD, solve  # noqa: E402
+from flows.table import text_table  # noqa: E402
+from memory import store  # noqa: E402
+from memory.records import Attempt  # noqa: E402
+from memory.sessions import episodes, session_turns  # noqa: E402
+from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
+from serving.model import prepare_smollm2  # noqa: E402
+from serving.server import ServerSettings, VllmServer  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
+CHATS = [
+    ("What is the capital of France?", "And of Italy?"),
+    ("Name a fruit that is red.", "Name another one."),
+    ("What is 3 + 4?", "Now double it."),
+    ("Say hello in Spanish.", "And in German?"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=48, help="requests per throughput pass")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--sessions", type=int, default=16, help="sessions of each kind")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    model = prepare_smollm2(ROOT / ".flywheel" / "models")
+    with tempfile.TemporaryDirectory(prefix="bench-capture-") as scratch:
+        results = run(args, model, Path(scratch))
+    print_table(results)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
+    server_settings = ServerSettings(
+        python=ROOT / ".venv-serving" / "bin" / "python",
+        model_path=model,
+        served_name=model.name,
+        port=free_port(),
+        log_path=scratch / "vllm.log",
+        weights="fixed",
+    )
+    engine = store.open_store(f"sqlite:///{scratch / 'capture.db'}")
+    seed_store(engine, model.name)
+
+    def gateway(capture: bool) -> Any:
+        settings = GatewaySettings(
+            upstreams=[server_settings.url],
+            base_model_path=model,
+            checkpoint_root=scratch / "adapters",
+            capture=capture,
+        )
+        return running(create_app(settings, engine), port=free_port())
+
+    with VllmServer(server_settings) as server, gateway(True) as on, gateway(False) as off:
+        throughput(off, args)  # warm-up
+        plain, captured = [], []
+        for _ in range(2):
+            plain.append(throughput(off, args))
+            captured.append(throughput(on, args))
+        started = time.monotonic()
+        kinds = conversations(on, args.sessions)
+        conversation_seconds = time.monotonic() - started
+        figures = stitching(engine, server.url, model.name, kinds)
+    return {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "plain_tokens_per_s": max(plain),
+        "captured_tokens_per_s": max(captured),
+        "captured_over_plain": max(captured) / max(plain),
+        "conversation_seconds": conversation_seconds,
+        **figures,
+    }
+
+
+def throughput(url: str, args: argparse.Namespace) -> float:
+    def one(client: httpx.Client) -> int:
+        body = {"model": "policy", "messages": PROMPT, "max_tokens": args.max_tokens}
+        response = client.post("/v1/chat/completions", json=body | {"ignore_eos": True})
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"])
+
+    with httpx.Client(base_url=url, timeout=600) as client:
+        started = time.monotonic()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            tokens = sum(pool.map(lambda _: one(client), range(args.requests)))
+    return tokens / (time.monotonic() - started)
+
+
+def conversations(url: str, sessions: int) -> dict[str, list[str]]:
+    """Plain two-turn chats and tool-using agent runs, each its own session; their ids."""
+    client = OpenAI(base_url=f"{url}/v1", api_key="none")
+
+    def chat(index: int) -> str:
+        session = f"chat-{uuid.uuid4().hex[:8]}"
+        first, second = CHATS[index % len(CHATS)]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+        for follow_up in (None, second):
+            if follow_up is not None:
+                messages.append({"role": "user", "content": follow_up})
+            reply = client.chat.completions.create(
+                model="policy", messages=messages, max_tokens=32,  # type: ignore[arg-type]
+                extra_headers={"X-Flywheel-Session": session},
+            ).choices[0].message  # fmt: skip
+            messages.append({"role": "assistant", "content": reply.content or ""})
+        return session
+
+    def agent(index: int) -> str:
+        session = f"agent-{uuid.uuid4().hex[:8]}"
+        question = f"What is {index % 9 + 1} + {index % 7 + 2}?"
+        solve(client, question, {"X-Flywheel-Session": session})
+        return session
+
+    with ThreadPoolExecutor(8) as pool:
+        chats = list(pool.map(chat, range(sessions)))
+        agents = list(pool.map(agent, range(sessions)))
+    return {"chat": chats, "agent": agents}
+
+
+def stitching(engine: Any, server: str, model: str, kinds: dict[str, list[str]]) -> dict[str, Any]:
+    """Per kind: sessions with more than one turn, the share stitched, and the share of those
+    whose ids equal the server's rendering of the whole transcript."""
+    with store.transaction(engine) as session:
+        stitched = episodes(session)
+        turns = session_turns(session)
+    figures: dict[str, Any] = {}
+    for kind, ids in kinds.items():
+        multi = [s for s in ids if len(turns.get(s, [])) > 1]
+        joined = [s for s in multi if isinstance(stitched[s], Attempt)]
+        exact = [s for s in joined if _rendered_alike(server, model, stitched[s])]
+        reasons = sorted({str(stitched[s]) for s in multi if s not in joined})
+        figures[kind] = {
+            "sessions": len(ids),
+            "multi_turn": len(multi),
+            "stitched": len(joined),
+            "stitched_share": len(joined) / len(multi) if multi else None,
+            "equal_to_rendering": len(exact),
+            "exact_share": len(exact) / len(joined) if joined else None,
+            "turns": sum(len(turns.get(s, [])) for s in ids),
+            "not_stitched_reasons": reasons,
+        }
+    return figures
+
+
+def _rendered_alike(server: str, model: str, episode: Attempt) -> bool:
+    """The stitched ids are a prefix of the server's rendering of the transcript (the rendering
+    closes the last turn with the template's newline after it)."""
+    sample = episode.sample
+    assert sample is not None
+    body: dict[str, Any] = {"model": model, "messages": episode.messages}
+    body["add_generation_prompt"] = False
+    if any(m.get("tool_calls") or m.get("role") == "tool" for m in episode.messages):
+        body["tools"] = [ADD]
+    rendered = httpx.post(f"{server}/tokenize", json=body, timeout=60).json()["tokens"]
+    ids = sample.prompt_token_ids + sample.completion_token_ids
+    return bool(rendered[: len(ids)] == ids)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(
+        f"gateway tokens/s: capture off {results['plain_tokens_per_s']:.1f}, capture on "
+        f"{results['captured_tokens_per_s']:.1f}: {results['captured_over_plain']:.3f} "
+        "(goal >= 0.95)"
+    )
+    header = ["sessions", "n", "multi-turn", "stitched", "equal to rendering", "turns"]
+    rows = []
+    for kind in ("chat", "agent"):
+        f = results[kind]
+        share = "-" if f["stitched_share"] is None else f"{f['stitched_share']:.2f}"
+        exact = "-" if f["exact_share"] is None else f"{f['exact_share']:.2f}"
+        rows.append(
+            [kind, str(f["sessions"]), str(f["multi_turn"]), f"{f['stitched']} ({share})",
+             f"{f['equal_to_rendering']} ({exact})", str(f["turns"])]
+        )  # fmt: skip
+    print(text_table(header, rows))
+    for kind in ("chat", "agent"):
+        for reason in results[kind]["not_stitched_reasons"]:
+            print(f"{kind}: not stitched: {reason}")
+
+
+if __name__ == "__main__":
+    main()

@@ -170,8 +170,17 @@ def _export_command(commands: Any) -> None:
         help="instead: every attempt of the complete groups with its token segments "
         "(ids, behaviour logprobs, loss type, weight, advantage)",
     )
+    exporting.add_argument(
+        "--session", default=None, help="instead: one captured session, its episode and turns"
+    )
     _db_arguments(exporting)
     exporting.set_defaults(handler=export.export)
+    forgetting = commands.add_parser(
+        "forget", help="delete a captured session: its turns and the train groups that adopted it"
+    )
+    forgetting.add_argument("--session", required=True)
+    _db_arguments(forgetting)
+    forgetting.set_defaults(handler=export.forget)
 
 
 def _worker_command(commands: Any) -> None:

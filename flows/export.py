@@ -24,6 +24,8 @@ def export(args: argparse.Namespace) -> int:
     from trainer.settings import TrainSettings
 
     writable(args.out, "--out")
+    if args.session is not None:
+        return _export_session(args)
     settings = TrainSettings(**({"mode": args.mode} if args.mode else {}))
     with store.transaction(store.open_store(db_url(args))) as session:
         groups = store.load_groups(session, "train", args.round, complete_only=True)
@@ -67,6 +69,44 @@ def _export_segments(
                 stream.write(json.dumps(record) + "\n")
                 written += 1
     print(f"{written} attempts from {len(groups)} complete groups written to {out}")
+    return 0
+
+
+def _export_session(args: argparse.Namespace) -> int:
+    """One captured session: its episode (stitched ids, forced spans, logprobs, reward) as the
+    first line, then each turn as captured."""
+    from memory import sessions, store
+    from memory.errors import NotFound
+
+    with store.transaction(store.open_store(db_url(args))) as session:
+        turns = sessions.session_turns(session).get(args.session)
+        if not turns:
+            raise NotFound(f"unknown session {args.session!r}")
+    attempts = [g.attempts[0] for g in turns if g.attempts]
+    episode = sessions.stitch(attempts)
+    head: dict[str, object] = {"session": args.session, "turns": len(attempts)}
+    if isinstance(episode, str):
+        head["not_stitched"] = episode
+    else:
+        head |= {"reward": episode.reward, "forced_spans": episode.forced_spans}
+        head |= {"sample": episode.sample.model_dump() if episode.sample else None}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as out:
+        out.write(json.dumps(head) + "\n")
+        for group, attempt in zip(turns, attempts, strict=True):
+            turn = attempt.model_dump(mode="json", exclude={"schema_version"})
+            out.write(json.dumps({"capture_id": group.task_id, **turn}) + "\n")
+    print(f"session {args.session}: {len(attempts)} turns written to {args.out}")
+    return 0
+
+
+def forget(args: argparse.Namespace) -> int:
+    """Delete a captured session (its turns, and any train group that adopted it)."""
+    from memory import sessions, store
+
+    with store.transaction(store.open_store(db_url(args))) as session:
+        turns, groups = sessions.forget(session, args.session)
+    print(f"session {args.session}: {turns} captured turns and {groups} train groups deleted")
     return 0
 
 

@@ -17,15 +17,17 @@ and the episodes of one task grouped for training.
 4. A round adopts the groups (`adopt`): each is stored as a train group of that round (its plan
    names the sessions, so lineage reaches from a version to the traffic that trained it), and
    its sessions' turns are marked with the round, so no episode is trained twice.
+5. `forget` deletes a session: its captured turns, and any train group that adopted it.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from memory.errors import NotFound
 from memory.groups import captured_turns, load_groups
 from memory.ingest import save_group
 from memory.models import RolloutGroupRow
@@ -161,3 +163,21 @@ def adopt(
         adopted.append(train.model_copy(update={"id": group_id}))
     session.flush()
     return adopted
+
+
+def forget(session: Session, session_id: str) -> tuple[int, int]:
+    """Delete a session's captured turns and the train groups that adopted it; how many of
+    each. `NotFound` when there is neither."""
+    turns = [row.id for row in session.scalars(captured_turns(session_id))]
+    adopted_by = select(RolloutGroupRow).where(
+        RolloutGroupRow.purpose == "train", RolloutGroupRow.taskset == "gateway"
+    )
+    adopted = [
+        row.id
+        for row in session.scalars(adopted_by)
+        if session_id in (row.plan or {}).get("sessions", [])
+    ]
+    if not turns and not adopted:
+        raise NotFound(f"unknown session {session_id!r}")
+    session.execute(delete(RolloutGroupRow).where(RolloutGroupRow.id.in_(turns + adopted)))
+    return len(turns), len(adopted)

@@ -186,3 +186,31 @@ def test_a_round_adopts_rated_episode_groups_once_and_keeps_their_lineage(captur
     assert stored.attempts[0].forced_spans == adopted.attempts[0].forced_spans
     rows = build_rows([stored], TrainSettings(mode="grpo", max_length=256))
     assert [r.reward for r in rows] == [1.0, 0.0]
+
+
+def test_a_session_is_exported_and_forgotten_from_the_command_line(
+    capturing, tmp_path: Path, capsys
+) -> None:
+    from flows.cli import main
+    from memory.sessions import adopt
+
+    client, engine = capturing()
+    with client:
+        for sid in ("s1", "s2"):
+            converse(client, {"X-Flywheel-Session": sid, "X-Flywheel-Task": "sum"})
+            client.post("/v1/feedback", json={"session": sid, "score": float(sid == "s1")})
+    with store.transaction(engine) as session:
+        adopt(session, round_index=1, policy_version="v1")
+    db = str(engine.url)
+    out = tmp_path / "s1.jsonl"
+    assert main(["export", "--session", "s1", "--out", str(out), "--db", db]) == 0
+    head, *turns = [json.loads(line) for line in out.read_text().splitlines()]
+    assert head["turns"] == 2 and head["reward"] == 1.0 and len(turns) == 2
+    assert head["sample"]["prompt_token_ids"] == turns[0]["sample"]["prompt_token_ids"]
+    assert main(["forget", "--session", "s1", "--db", db]) == 0
+    assert "2 captured turns and 1 train groups deleted" in capsys.readouterr().out
+    with store.transaction(engine) as session:
+        assert set(episodes(session)) == {"s2"}
+        assert store.load_groups(session, "train") == []
+    assert main(["forget", "--session", "s1", "--db", db]) == 2
+    assert capsys.readouterr().err == "flywheel: error: unknown session 's1'\n"

@@ -26,6 +26,7 @@ FLAGGED = (
     "eval_tasks",
     "taskset",
     "source",
+    "judge",
     "temperature",
     "guided_fraction",
     "sge",

@@ -111,6 +111,8 @@ async def train_when_ready(
         settings, server_url, base_name, Path(base_model_path), clock.seconds
     )
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
+    if settings.source != "generated" and settings.judge:
+        await stages.judge_captured(settings)
     with store.transaction(stages.engine(settings.db_url)) as session:
         record = store.training_round(session, ctx.round_index)
         if settings.source != "generated" and (record is None or record.status != "running"):

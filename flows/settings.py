@@ -42,6 +42,11 @@ class RunSettings(BaseModel):
         description="where flywheel serve's rounds get train groups: generated tasks, captured "
         "agent traffic (rated episodes of a task, from the gateway with capture on), or both",
     )
+    judge: bool = Field(
+        False,
+        description="score captured episodes that have no feedback by the reviewer ranking "
+        "the episodes of a task against each other (RULER); needs a reviewer",
+    )
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")
@@ -114,6 +119,8 @@ class RunSettings(BaseModel):
             raise ValueError("reviewer_url and reviewer_model go together")
         if self.reviewer is not None and self.reviewer_url is not None:
             raise ValueError("name a reviewer to serve (reviewer) or a running one (reviewer_url)")
+        if self.judge and self.reviewer is None and self.reviewer_url is None:
+            raise ValueError("judge needs a reviewer: --reviewer-url and --reviewer-model")
         if self.anneal and self.sge:
             raise ValueError("anneal and sge both set an attempt's temperatures: choose one")
         return self

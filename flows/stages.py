@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -27,14 +28,15 @@ from prefect.cache_policies import NO_CACHE
 from sqlalchemy import Engine
 from tqdm import tqdm
 
-from agents.errors import ServerUnavailable
+from agents import ruler
+from agents.errors import PolicyError, ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from flows import worker
 from flows.readiness import Readiness
 from flows.settings import RunSettings
-from memory import library, store, workqueue
+from memory import library, sessions, store, workqueue
 from memory.embedding import Embedder
 from memory.library import Admission, LibrarySettings
 from memory.records import Attempt, Group, GroupPurpose, LessonDraft, PolicyVersion
@@ -43,6 +45,7 @@ from serving.adapters import ensure_loaded
 from trainer.round import RoundResult, train_round
 from verifiers.task import Task
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -195,6 +198,29 @@ def confirmed_lessons(groups: list[Group]) -> list[LessonDraft]:
 @cache
 def _embedder() -> Embedder:
     return Embedder()
+
+
+async def judge_captured(settings: RunSettings) -> int:
+    """Score the unrated episode groups of captured traffic by the reviewer's ranking (RULER);
+    the number of episodes scored. A group the judge could not score stays unrated."""
+    reviewer = _reviewer(settings)
+    assert reviewer is not None, "the settings require a reviewer to judge"
+    db = engine(settings.db_url)
+    with store.transaction(db) as session:
+        unrated = sessions.episode_groups(session, rated=False)
+    scored = 0
+    for group in unrated:
+        try:
+            scores = await ruler.judge(reviewer, group.question, group.attempts)
+        except PolicyError as exc:
+            log.warning("judge: %s left unrated: %s", group.task_id, exc)
+            continue
+        with store.transaction(db) as session:
+            for sid, score in zip(group.plan["sessions"], scores, strict=True):
+                store.record_session_feedback(session, sid, score, "judged against its group")
+        scored += len(scores)
+    await reviewer.client.aclose()
+    return scored
 
 
 def _reviewer(settings: RunSettings) -> Endpoint | None:

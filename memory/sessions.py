@@ -107,16 +107,16 @@ def episodes(session: Session) -> dict[str, Attempt | str]:
     }
 
 
-def episode_groups(session: Session, min_episodes: int = 2) -> list[Group]:
-    """Groups of rated, stitched episodes not yet adopted by a round, one per task tag with at
-    least `min_episodes`."""
+def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) -> list[Group]:
+    """Groups of stitched episodes not yet adopted by a round, one per task tag with at least
+    `min_episodes`: the rated episodes, or (`rated` off) the unrated ones, for a judge."""
     by_task: dict[str, list[tuple[str, Attempt, str]]] = defaultdict(list)
     for sid, turns in session_turns(session).items():
         if any("round" in g.plan for g in turns):
             continue
         task = turns[0].plan.get("task")
         episode = stitch([g.attempts[0] for g in turns if g.attempts])
-        if task and isinstance(episode, Attempt) and episode.reason != UNRATED:
+        if task and isinstance(episode, Attempt) and (episode.reason != UNRATED) == rated:
             by_task[str(task)].append((sid, episode, turns[0].question))
     return [
         _group(task, found) for task, found in sorted(by_task.items()) if len(found) >= min_episodes

@@ -10,11 +10,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from agents.policy import Endpoint
 from memory import store
 from memory.sessions import episode_groups, episodes, stitch
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
 from tests.conftest import seed_promoted
+from tests.test_exploration import scripted
+from tests.test_policy import client_for
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
 
@@ -214,3 +217,61 @@ def test_a_session_is_exported_and_forgotten_from_the_command_line(
         assert store.load_groups(session, "train") == []
     assert main(["forget", "--session", "s1", "--db", db]) == 2
     assert capsys.readouterr().err == "flywheel: error: unknown session 's1'\n"
+
+
+def judge_client(reply: str, seen: list) -> Endpoint:
+    def reviewer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        return scripted(body, reply, [3])
+
+    return Endpoint(client_for(reviewer), "judge-model")
+
+
+def test_the_judge_scores_a_groups_episodes_against_each_other(capturing) -> None:
+    import anyio
+
+    from agents.errors import PolicyError
+    from agents.ruler import judge
+
+    client, engine = capturing()
+    with client:
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        converse(client, {"X-Flywheel-Session": "s2", "X-Flywheel-Task": "sum"}, last="again")
+    with store.transaction(engine) as session:
+        assert episode_groups(session) == []
+        (group,) = episode_groups(session, rated=False)
+    seen: list = []
+    scores = anyio.run(judge, judge_client('{"scores": [0.9, 0.1]}', seen), "sum", group.attempts)
+    assert scores == [0.9, 0.1]
+    (asked,) = seen
+    shown = asked["messages"][1]["content"]
+    assert "Attempt 1:" in shown and "Attempt 2:" in shown and "tool: again" in shown
+    schema = asked["response_format"]["json_schema"]["schema"]["properties"]["scores"]
+    assert schema["minItems"] == schema["maxItems"] == 2 and asked["temperature"] == 0.0
+    for reply in ('{"scores": [0.9]}', "not json", '{"scores": [2, 0]}'):
+        with pytest.raises(PolicyError):
+            anyio.run(judge, judge_client(reply, []), "sum", group.attempts)
+
+
+def test_judged_episodes_are_rated_and_adopted(capturing, monkeypatch) -> None:
+    import anyio
+
+    from flows import stages
+    from flows.settings import RunSettings
+    from memory.sessions import adopt
+
+    client, engine = capturing()
+    with client:
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        converse(client, {"X-Flywheel-Session": "s2", "X-Flywheel-Task": "sum"}, last="again")
+    settings = RunSettings(
+        db_url=str(engine.url), source="captured", judge=True,
+        reviewer_url="http://judge", reviewer_model="judge-model",
+    )  # fmt: skip
+    monkeypatch.setattr(stages, "_reviewer", lambda _: judge_client('{"scores": [1, 0]}', []))
+    assert anyio.run(stages.judge_captured, settings) == 2
+    with store.transaction(engine) as session:
+        (group,) = adopt(session, round_index=1, policy_version="v1")
+    assert [a.reward for a in group.attempts] == [1.0, 0.0]
+    assert group.attempts[0].reason == "judged against its group"

@@ -1,0 +1,108 @@
+"""Bring your own agent, end to end on real vLLM: `examples/agent.py` (the plain openai client)
+talks to the gateway of `flywheel serve --source captured`, feedback arrives per session, a round
+trains on that traffic, the alias moves, and the agent's next request is answered by the new
+version, whose lineage names the sessions that trained it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+from sqlalchemy import Engine
+
+from examples.agent import solve
+from memory import store
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.vllm
+
+USER = {"Authorization": "Bearer user-key"}
+
+
+def test_an_agents_traffic_trains_the_version_that_answers_it_next(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    prefect_port, gateway_port = free_port(), free_port()
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
+    env |= {"FLYWHEEL_API_KEYS": "user-key"}
+    command = [
+        sys.executable, "-m", "flows.cli", "serve", "--server-url", tiny_server,
+        "--model", str(tiny_model_path), "--db", db, "--workdir", str(tmp_path),
+        "--source", "captured", "--train-every", "3", "--min-groups", "1", "--eval-tasks", "2",
+        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
+    ]  # fmt: skip
+    log_path = tmp_path / "serve.log"
+    served = subprocess.Popen(
+        command, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    gateway = f"http://127.0.0.1:{gateway_port}"
+    engine = store.open_store(db)
+
+    def wait_for(what: str, check: Callable[[], Any], seconds: float = 400) -> Any:
+        deadline = time.monotonic() + seconds
+        while not (found := check()):
+            assert served.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no {what}:\n{log_path.read_text()[-3000:]}"
+            time.sleep(1)
+        return found
+
+    try:
+        wait_for("gateway", lambda: _answers(f"{gateway}/health"))
+        client = OpenAI(base_url=f"{gateway}/v1", api_key="user-key")
+        base = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        ).model
+        for number, score in ((1, 1.0), (2, 0.0)):
+            session = f"agent-{number}"
+            headers = {"X-Flywheel-Session": session, "X-Flywheel-Task": "sum-2-3"}
+            solve(client, "What is 2 + 3?", headers, turns=2)
+            feedback = {"session": session, "score": score}
+            httpx.post(f"{gateway}/v1/feedback", json=feedback, headers=USER).raise_for_status()
+        trained = wait_for("promoted round", lambda: _promoted_round(engine))
+        with store.transaction(engine) as session:
+            (round_record,) = store.lineage(session, trained)[:1]
+            groups = store.groups_by_id(session, round_record.group_ids)
+        assert [g.plan["sessions"] for g in groups] == [["agent-1", "agent-2"]]
+        assert [a.reward for a in groups[0].attempts] == [1.0, 0.0]
+
+        def answered_by_new() -> bool:
+            reply = client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            return reply.model == trained
+
+        wait_for("answer from the new version", answered_by_new, seconds=60)
+        assert trained != base
+    finally:
+        os.killpg(served.pid, signal.SIGTERM)
+        served.wait(timeout=60)
+        pid_file = tmp_path / "prefect" / "server.pid"
+        if pid_file.exists():
+            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _promoted_round(engine: Engine) -> str | None:
+    with store.transaction(engine) as session:
+        promoted = store.promoted_policy(session)
+        rounds = store.training_rounds(session)
+    done = [r.policy_out for r in rounds if r.status == "done"]
+    return promoted.name if promoted is not None and promoted.name in done else None

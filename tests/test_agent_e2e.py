@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +19,7 @@ from sqlalchemy import Engine
 
 from examples.agent import solve
 from memory import store
-from tests.conftest import free_port
+from tests.test_serve import start_serve
 
 pytestmark = pytest.mark.vllm
 
@@ -31,22 +29,12 @@ USER = {"Authorization": "Bearer user-key"}
 def test_an_agents_traffic_trains_the_version_that_answers_it_next(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    prefect_port, gateway_port = free_port(), free_port()
-    db = f"sqlite:///{tmp_path / 'fw.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
-    env |= {"FLYWHEEL_API_KEYS": "user-key"}
-    command = [
-        sys.executable, "-m", "flows.cli", "serve", "--server-url", tiny_server,
-        "--model", str(tiny_model_path), "--db", db, "--workdir", str(tmp_path),
-        "--source", "captured", "--train-every", "3", "--min-groups", "1", "--eval-tasks", "2",
-        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
-    ]  # fmt: skip
-    log_path = tmp_path / "serve.log"
-    served = subprocess.Popen(
-        command, env=env, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
-        start_new_session=True,
+    flags = ["--source", "captured", "--train-every", "3", "--min-groups", "1"]
+    run = start_serve(
+        tiny_server, tiny_model_path, tmp_path, [*flags, "--eval-tasks", "2"],
+        env={"FLYWHEEL_API_KEYS": "user-key"},
     )  # fmt: skip
+    served, db, gateway_port, log_path = run.process, run.db, run.gateway_port, run.log
     gateway = f"http://127.0.0.1:{gateway_port}"
     engine = store.open_store(db)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -20,22 +21,42 @@ from tests.conftest import free_port
 pytestmark = pytest.mark.vllm
 
 
+class Served(NamedTuple):
+    process: subprocess.Popen[bytes]
+    db: str
+    prefect_port: int
+    gateway_port: int
+    log: Path
+
+
+def start_serve(
+    server: str, model: Path, tmp_path: Path, flags: list[str], env: dict[str, str] | None = None
+) -> Served:
+    """`flywheel serve` in its own process group on the tiny server, with a gateway (admin key
+    `admin-key`) and a local Prefect server, its output in `serve.log`."""
+    prefect_port, gateway_port = free_port(), free_port()
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
+    command = [
+        sys.executable, "-m", "flows.cli", "serve", "--server-url", server,
+        "--model", str(model), "--db", db, "--workdir", str(tmp_path), *flags,
+        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    process = subprocess.Popen(
+        command, env=environment | (env or {}), stdout=log.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    return Served(process, db, prefect_port, gateway_port, log)
+
+
 def test_serve_runs_rounds_on_schedule_and_keeps_its_prefect_server(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    prefect_port, gateway_port = free_port(), free_port()
-    db = f"sqlite:///{tmp_path / 'fw.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
-    command = [
-        sys.executable, "-m", "flows.cli", "serve", "--server-url", tiny_server,
-        "--model", str(tiny_model_path), "--db", db, "--workdir", str(tmp_path),
-        "--every", "3", "--train-every", "3",
-        "--tasks", "2", "--group-size", "2", "--eval-tasks", "2",
-        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
-    ]  # fmt: skip
-    log = (tmp_path / "serve.log").open("w")
-    served = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    flags = ["--every", "3", "--train-every", "3", "--tasks", "2", "--group-size", "2"]
+    run = start_serve(tiny_server, tiny_model_path, tmp_path, [*flags, "--eval-tasks", "2"])
+    served, db, prefect_port, gateway_port = run.process, run.db, run.prefect_port, run.gateway_port
     engine = store.open_store(db)
     api = f"http://127.0.0.1:{prefect_port}/api"
     try:

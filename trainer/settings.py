@@ -22,7 +22,7 @@ class TrainSettings(BaseModel):
     distill_negatives: bool = Field(
         False, description="also train failed guided samples under the bare prompt"
     )
-    learning_rate: float = Field(1e-3, gt=0.0, description="LoRA learning rate")
+    learning_rate: float = Field(3e-4, gt=0.0, description="LoRA learning rate")
     lora_rank: int = 16
     lora_alpha: int = 32
     epochs: int = Field(1, ge=1, description="passes over a round's rows")
@@ -30,7 +30,7 @@ class TrainSettings(BaseModel):
     max_length: int = 512
     is_cap: float = 2.0
     clip: float | None = Field(
-        None,
+        0.2,
         gt=0.0,
         lt=1.0,
         description="PPO's trust region on sampled tokens: no gradient to a token already "

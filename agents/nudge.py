@@ -54,11 +54,11 @@ async def nudge(
     limiter: anyio.CapacityLimiter,
 ) -> list[Attempt]:
     """The group's nudged attempts (empty when one of its first attempts succeeded)."""
-    worst_case = revisable(attempts)
-    if worst_case is None:
+    best = revisable(attempts)  # the group's best attempt, when none reached full reward
+    if best is None:
         return []
     sampling = SamplingSettings(temperature=HINT_TEMPERATURE, max_tokens=HINT_TOKENS)
-    messages = review_messages(NUDGE_SYSTEM, task.question, worst_case)
+    messages = review_messages(NUDGE_SYSTEM, task.question, best)
     record = {"sample_index": 0, "kind": "hint", "policy_version": reviewer.model,
               "messages": messages, "sampling": sampling, "context": "nudge"}  # fmt: skip
     try:

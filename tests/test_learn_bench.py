@@ -1,0 +1,27 @@
+"""The learning benchmark's accounting: which version an arm serves at its end, and the paired
+comparison of the arms' final versions on the same held-out tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.learn import _serving, paired
+
+
+def test_an_arm_serves_its_last_promoted_round_or_the_base_model() -> None:
+    rounds = [
+        {"policy_version": "r1", "promoted": True},
+        {"policy_version": "r2", "promoted": False},
+    ]
+    assert _serving({"base_model": "base", "rounds": rounds}) == "r1"
+    assert _serving({"base_model": "base", "rounds": rounds[1:]}) == "base"
+
+
+def test_final_versions_are_paired_on_the_tasks_both_were_evaluated_on() -> None:
+    first = {"solved": {"a": True, "b": False, "c": False, "d": True}}
+    other = {"solved": {"a": True, "b": True, "c": True, "d": False, "e": True}}
+    (result,) = paired({"default": first, "herl": other}).values()
+    assert result["vs"] == "default" and result["tasks"] == 4  # "e" is not shared
+    assert (result["won"], result["lost"]) == (2, 1)
+    assert result["difference"] == pytest.approx(0.25)
+    assert result["low"] < result["difference"] < result["high"]

@@ -87,9 +87,19 @@ def main() -> None:
     parser.add_argument("--reviewer", default=None, help="a reviewer model for r3l and herl")
     parser.add_argument("--port", type=int, default=8021)
     parser.add_argument("--keep", type=Path, default=None, help="keep each arm's folder here")
+    parser.add_argument(
+        "--pair",
+        nargs="+",
+        default=None,
+        metavar="JSON:ARM",
+        help="instead: pair arms of earlier runs' JSON (the first against the others)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
     args = parser.parse_args()
+    if args.pair:
+        print_pairs(paired({spec: _arm_of(parser, spec) for spec in args.pair}))
+        return
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = set(arms) - set(ARMS)
     if unknown:
@@ -233,6 +243,23 @@ def _toml(spec: dict[str, Any]) -> str:
     return "\n".join(flat + tables) + "\n"
 
 
+def _arm_of(parser: argparse.ArgumentParser, spec: str) -> dict[str, Any]:
+    path, _, arm = spec.rpartition(":")
+    try:
+        return dict(json.loads(Path(path).read_text())["arms"][arm])
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"--pair {spec}: no arm {arm!r} there ({exc})")
+
+
+def print_pairs(pairs: dict[str, dict[str, Any]]) -> None:
+    for arm, p in pairs.items():
+        print(
+            f"{arm} vs {p['vs']}, final versions on the same {p['tasks']} tasks: "
+            f"{p['difference']:+.3f} ({p['low']:+.3f} to {p['high']:+.3f}), "
+            f"won {p['won']}, lost {p['lost']}"
+        )
+
+
 def print_table(result: dict[str, Any]) -> None:
     arms = result["arms"]
     rounds = max(len(c["pass_at_1"]) for c in arms.values())
@@ -261,12 +288,7 @@ def print_table(result: dict[str, Any]) -> None:
         f"{s['tasks']} tasks x {s['group_size']} attempts per round; final = the version served at "
         "the end (the last promoted); format = last round"
     )
-    for arm, p in result["paired"].items():
-        print(
-            f"{arm} vs {p['vs']}, final versions on the same {p['tasks']} tasks: "
-            f"{p['difference']:+.3f} ({p['low']:+.3f} to {p['high']:+.3f}), "
-            f"won {p['won']}, lost {p['lost']}"
-        )
+    print_pairs(result["paired"])
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

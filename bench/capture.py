@@ -31,7 +31,7 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.serving import free_port, seed_store  # noqa: E402
+from bench.serving import free_port, seed_store, server_settings_for  # noqa: E402
 from examples.agent import ADD, solve  # noqa: E402
 from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
@@ -39,7 +39,7 @@ from memory.records import Attempt  # noqa: E402
 from memory.sessions import episodes, session_turns  # noqa: E402
 from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
 from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
+from serving.server import VllmServer  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
 CHATS = [
@@ -67,14 +67,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
-    server_settings = ServerSettings(
-        python=ROOT / ".venv-serving" / "bin" / "python",
-        model_path=model,
-        served_name=model.name,
-        port=free_port(),
-        log_path=scratch / "vllm.log",
-        weights="fixed",
-    )
+    server_settings = server_settings_for(model, scratch, weights="fixed")
     engine = store.open_store(f"sqlite:///{scratch / 'capture.db'}")
     seed_store(engine, model.name)
 

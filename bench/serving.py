@@ -21,6 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -58,14 +59,21 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
-    server_settings = ServerSettings(
+def server_settings_for(model_path: Path, scratch: Path, **options: Any) -> ServerSettings:
+    """A vLLM server of `model_path` from the serving environment, on a free port, its log in
+    `scratch` (`options`: more `ServerSettings`)."""
+    return ServerSettings(
         python=ROOT / ".venv-serving" / "bin" / "python",
         model_path=model_path,
         served_name=model_path.name,
         port=free_port(),
         log_path=scratch / "vllm.log",
+        **options,
     )
+
+
+def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
+    server_settings = server_settings_for(model_path, scratch)
     root = scratch / "adapters"
     template = make_adapter(model_path, scratch / "template")
     engine = store.open_store(f"sqlite:///{scratch / 'bench.db'}")

@@ -82,9 +82,9 @@ def _export_session(args: argparse.Namespace) -> int:
         turns = sessions.session_turns(session).get(args.session)
         if not turns:
             raise NotFound(f"unknown session {args.session!r}")
-    attempts = [g.attempts[0] for g in turns if g.attempts]
-    episode = sessions.stitch(attempts)
-    head: dict[str, object] = {"session": args.session, "turns": len(attempts)}
+    recorded = [g for g in turns if g.attempts]
+    episode = sessions.stitch_turns(recorded)
+    head: dict[str, object] = {"session": args.session, "turns": len(recorded)}
     if isinstance(episode, str):
         head["not_stitched"] = episode
     else:
@@ -93,10 +93,10 @@ def _export_session(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as out:
         out.write(json.dumps(head) + "\n")
-        for group, attempt in zip(turns, attempts, strict=True):
-            turn = attempt.model_dump(mode="json", exclude={"schema_version"})
+        for group in recorded:
+            turn = group.attempts[0].model_dump(mode="json", exclude={"schema_version"})
             out.write(json.dumps({"capture_id": group.task_id, **turn}) + "\n")
-    print(f"session {args.session}: {len(attempts)} turns written to {args.out}")
+    print(f"session {args.session}: {len(recorded)} turns written to {args.out}")
     return 0
 
 

@@ -209,17 +209,19 @@ async def judge_captured(settings: RunSettings) -> int:
     with store.transaction(db) as session:
         unrated = sessions.episode_groups(session, rated=False)
     scored = 0
-    for group in unrated:
-        try:
-            scores = await ruler.judge(reviewer, group.question, group.attempts)
-        except PolicyError as exc:
-            log.warning("judge: %s left unrated: %s", group.task_id, exc)
-            continue
-        with store.transaction(db) as session:
-            for sid, score in zip(group.plan["sessions"], scores, strict=True):
-                store.record_session_feedback(session, sid, score, "judged against its group")
-        scored += len(scores)
-    await reviewer.client.aclose()
+    try:
+        for group in unrated:
+            try:
+                scores = await ruler.judge(reviewer, group.question, group.attempts)
+            except PolicyError as exc:
+                log.warning("judge: %s left unrated: %s", group.task_id, exc)
+                continue
+            with store.transaction(db) as session:
+                for sid, score in zip(group.plan["sessions"], scores, strict=True):
+                    store.record_session_feedback(session, sid, score, "judged against its group")
+            scored += len(scores)
+    finally:  # a server failure propagates; the client is closed either way
+        await reviewer.client.aclose()
     return scored
 
 

@@ -62,7 +62,9 @@ def stitch(turns: list[Attempt]) -> Attempt | str:
     text = "\n".join(f"[turn {i}] {t.sample.text}" for i, t in enumerate(turns, 1) if t.sample)
     return last.model_copy(
         update={
-            "policy_version": first_version(turns),
+            # the first turn's version; each token keeps its own behaviour logprob, so an alias
+            # that moved mid-session changes nothing the trainer needs
+            "policy_version": turns[0].policy_version,
             "messages": [*last.messages, {"role": "assistant", "content": last.sample.text}],
             "sampling": turns[0].sampling,
             "sample": Sample(
@@ -79,32 +81,28 @@ def stitch(turns: list[Attempt]) -> Attempt | str:
     )
 
 
-def first_version(turns: list[Attempt]) -> str:
-    """The version that answered the first turn (each token keeps its own behaviour logprob,
-    so an alias that moved mid-session changes nothing the trainer needs)."""
-    return turns[0].policy_version
+def stitch_turns(turns: list[Group]) -> Attempt | str:
+    """A session's captured turns (groups of one attempt, oldest first) as one episode."""
+    return stitch([g.attempts[0] for g in turns if g.attempts])
 
 
-def session_turns(session: Session, tag: str = "session") -> dict[str, list[Group]]:
-    """Captured turns by their `tag` value (each session's turns oldest first)."""
+def session_turns(session: Session) -> dict[str, list[Group]]:
+    """Captured turns by session (each session's turns oldest first)."""
     query = (
         select(RolloutGroupRow)
         .where(RolloutGroupRow.purpose == "capture")
-        .where(RolloutGroupRow.plan[tag].as_string().is_not(None))
+        .where(RolloutGroupRow.plan["session"].as_string().is_not(None))
         .order_by(RolloutGroupRow.id)
     )
     found: dict[str, list[Group]] = defaultdict(list)
     for row in session.scalars(query):
-        found[str((row.plan or {})[tag])].append(group_record(row))
+        found[str((row.plan or {})["session"])].append(group_record(row))
     return dict(found)
 
 
 def episodes(session: Session) -> dict[str, Attempt | str]:
     """Every captured session, stitched (or the reason it could not be)."""
-    return {
-        sid: stitch([g.attempts[0] for g in turns if g.attempts])
-        for sid, turns in session_turns(session).items()
-    }
+    return {sid: stitch_turns(turns) for sid, turns in session_turns(session).items()}
 
 
 def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) -> list[Group]:
@@ -115,7 +113,7 @@ def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) 
         if any("round" in g.plan for g in turns):
             continue
         task = turns[0].plan.get("task")
-        episode = stitch([g.attempts[0] for g in turns if g.attempts])
+        episode = stitch_turns(turns)
         if task and isinstance(episode, Attempt) and (episode.reason != UNRATED) == rated:
             by_task[str(task)].append((sid, episode, turns[0].question))
     return [

@@ -75,7 +75,7 @@ async def nudge(
         **record, sample=None, reward=0.0, correct=False, format_ok=False, answer=None,
         reason="hint", guidance=hint, generated_tokens=tokens,
     )  # fmt: skip
-    nudged = await _sample(policy, task, bare, hint, settings, limiter)
+    nudged = await _sample(policy, task, hint, settings, limiter)
     ids = await bare_prompt_ids(attempts, policy.client, policy.model, bare)
     return [note, *(a.model_copy(update={"bare_prompt_token_ids": ids}) for a in nudged)]
 
@@ -83,14 +83,12 @@ async def nudge(
 async def _sample(
     policy: Endpoint,
     task: Task,
-    bare: Messages,
     hint: str,
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
 ) -> list[Attempt]:
     """Half the group's slots sampled with the hint in the system prompt."""
-    system = str(bare[0]["content"])
-    messages = hint_messages(task, system, hint)
+    messages = hint_messages(task, settings.system(task), hint)
     sampling = SamplingSettings(temperature=settings.temperature, max_tokens=settings.max_tokens)
     conditioning = Conditioning(context="nudge", guidance=hint)
     results: list[Attempt] = []

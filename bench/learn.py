@@ -16,6 +16,8 @@ settings except for what the arm changes. Arms:
     nudge    plain sampling, and NudgeRL: the reviewer writes a hint for each group that all
              failed, half a group tries again with it, successes distilled into the bare prompt
     nudge+herl  both
+    rltldr+herl, rltldr+nudge  the default (worked example, RLTLDR) with HeRL's revisions or
+             NudgeRL's hints on top
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
 with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
@@ -71,8 +73,11 @@ ARMS: dict[str, dict[str, Any]] = {
         "revise": True,
         "train": {"mode": "grpo"},
     },
+    "rltldr+herl": {"revise": True, "train": {"mode": "rltldr"}},
+    "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},
 }
-REVIEWED = ("r3l", "herl", "nudge", "nudge+herl")  # the arms a reviewer serves
+# the arms a reviewer serves
+REVIEWED = ("r3l", "herl", "nudge", "nudge+herl", "rltldr+herl", "rltldr+nudge")
 
 
 def main() -> None:

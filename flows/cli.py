@@ -130,6 +130,27 @@ def _serve_command(commands: Any) -> None:
         help="the continuous loop: Prefect deployments that collect on an interval and train "
         "once enough groups exist, on a local Prefect server kept running, and the gateway",
     )
+    _loop_arguments(looped)
+    looped.add_argument(
+        "--gateway-port", type=int, default=None, help="also serve the gateway on this port"
+    )
+    looped.set_defaults(handler=launch.serve)
+    deploying = commands.add_parser(
+        "deploy",
+        help="the continuous loop as deployments on Prefect work pools, run by `prefect worker "
+        "start --pool ...` on any machine",
+    )
+    _loop_arguments(deploying)
+    deploying.add_argument("--collect-pool", default="flywheel-collect", help="collection pool")
+    deploying.add_argument("--train-pool", default="flywheel-train", help="training pool")
+    deploying.add_argument(
+        "--helpers", type=int, default=1, help="drain runs started beside each collection run (1)"
+    )
+    deploying.add_argument("--lease", type=float, default=120.0, help="lease seconds (120)")
+    deploying.set_defaults(handler=launch.deploy)
+
+
+def _loop_arguments(looped: Any) -> None:
     flags.add_run_arguments(looped)
     _db_arguments(looped)
     _model_argument(looped)
@@ -144,10 +165,6 @@ def _serve_command(commands: Any) -> None:
         "--min-groups", type=int, default=None, help="complete groups a round waits for (--tasks)"
     )
     looped.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
-    looped.add_argument(
-        "--gateway-port", type=int, default=None, help="also serve the gateway on this port"
-    )
-    looped.set_defaults(handler=launch.serve)
 
 
 def _export_command(commands: Any) -> None:
@@ -249,6 +266,9 @@ def _rollback_command(commands: Any) -> None:
 def _status_command(commands: Any) -> None:
     status = commands.add_parser("status", help="the serving version, versions, recent rounds")
     _db_arguments(status)
+    status.add_argument(
+        "--prefect-port", type=int, default=4200, help="local Prefect server port, for its pools"
+    )
     status.set_defaults(handler=inspection.status)
 
 

@@ -26,12 +26,15 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger, serve
+from prefect.deployments import run_deployment
 
-from flows import evaluation, rounds, stages
+from flows import evaluation, rounds, stages, worker
 from flows.settings import RunSettings
 from flows.summary import RoundSummary, RunSummary
 from memory import sessions, store
 from verifiers.catalog import train_tasks
+
+DRAIN = "flywheel-drain/drain"  # the queue worker deployment of `flows.pools`
 
 
 @flow(name="flywheel-run", log_prints=False)
@@ -75,10 +78,12 @@ def _time_for_a_round(minutes: float | None, elapsed_s: float, done: list[RoundS
 
 @flow(name="flywheel-collect", log_prints=False)
 async def collect_batch(
-    settings: RunSettings, server_url: str, base_name: str, base_model_path: str
+    settings: RunSettings, server_url: str, base_name: str, base_model_path: str, helpers: int = 0
 ) -> int:
     """The loop's collection deployment: one batch of train tasks from the promoted version,
-    for the next round; a fresh batch of tasks each time. Returns the groups collected."""
+    for the next round; a fresh batch of tasks each time, shared with `helpers` runs of the
+    drain deployment (`flows.pools`). Returns the groups collected."""
+    settings, server_url = _here(settings, server_url)
     clock = rounds.Clock()
     held_out, _ = await evaluation.baseline(
         settings, server_url, base_name, Path(base_model_path), clock.seconds
@@ -89,6 +94,8 @@ async def collect_batch(
     batch = have // settings.tasks
     seed = ctx.round_index if batch == 0 else ctx.round_index * 1000 + batch
     tasks = train_tasks(settings.taskset, settings.tasks, seed=seed, held_out=held_out)
+    for _ in range(helpers):  # they claim from the queue once the batch is in it
+        await run_deployment(DRAIN, timeout=0, as_subflow=False)
     groups = await rounds.collect_stage(ctx, tasks, clock)
     get_run_logger().info(
         "round %d: batch %d collected, %d groups", ctx.round_index, batch + 1, len(groups)
@@ -106,6 +113,7 @@ async def train_when_ready(
 ) -> RoundSummary | None:
     """The loop's training deployment: once the next round has `min_groups` complete groups
     (or was interrupted while training), train, swap, evaluate and promote."""
+    settings, server_url = _here(settings, server_url)
     clock = rounds.Clock()
     held_out, _ = await evaluation.baseline(
         settings, server_url, base_name, Path(base_model_path), clock.seconds
@@ -131,6 +139,12 @@ async def train_when_ready(
         )
         return None
     return await rounds.train_stage(ctx, groups, {}, clock)
+
+
+def _here(settings: RunSettings, server_url: str) -> tuple[RunSettings, str]:
+    """A deployment's store and server as the machine that runs it reaches them."""
+    db_url, server_url = worker.here(settings.db_url, server_url)
+    return settings.model_copy(update={"db_url": db_url}), server_url
 
 
 def serve_rounds(

@@ -1,46 +1,82 @@
-"""Inspection commands: what the store says (status, lineage, library, strategies, report)."""
+"""Inspection commands: what the store says (status, lineage, library, strategies, report), and
+the work pools Prefect runs the loop on (status)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from flows.arguments import db_url, score, writable
 from flows.table import text_table
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
 
 def status(args: argparse.Namespace) -> int:
-    from memory import library, store, workqueue
+    from memory import store
 
     with store.transaction(store.open_store(db_url(args))) as session:
-        serving = store.promoted_policy(session)
-        versions = store.policy_versions(session)
-        rounds = store.training_rounds(session)
-        counts = store.attempt_counts(session)
-        depth = workqueue.queue_depth(session)
-        holders = workqueue.claim_holders(session)
-        lessons = library.size(session)
+        lines = _store_lines(session)
+    print("\n".join(lines))
+    _pools(args.prefect_port)
+    return 0
+
+
+def _store_lines(session: Session) -> list[str]:
+    """The serving version, the queue, the library, every version and the recent rounds."""
+    from memory import library, store, workqueue
+
+    serving = store.promoted_policy(session)
     if serving is None:
-        print("no policy version yet: run `flywheel run`")
-        return 0
-    print(f"serving: {serving.name} (held-out pass@1 {score(serving.eval_pass_at_1)})")
-    print(f"attempts stored: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}")
-    print(f"queue: {depth} tasks waiting or claimed, by {len(holders)} workers")
-    print(f"experience library: {lessons} active lessons")
-    print("versions:")
-    for v in versions:
+        return ["no policy version yet: run `flywheel run`"]
+    counts = store.attempt_counts(session)
+    lines = [
+        f"serving: {serving.name} (held-out pass@1 {score(serving.eval_pass_at_1)})",
+        f"attempts stored: {', '.join(f'{k} {v}' for k, v in sorted(counts.items())) or 'none'}",
+        f"queue: {workqueue.queue_depth(session)} tasks waiting or claimed, by "
+        f"{len(workqueue.claim_holders(session))} workers",
+        f"experience library: {library.size(session)} active lessons",
+        "versions:",
+    ]
+    for v in store.policy_versions(session):
         mark = "*" if v.name == serving.name else " "
-        print(
+        lines.append(
             f" {mark} {v.name:<28} round {v.round_index:<3} pass@1 {score(v.eval_pass_at_1)}"
             f"  {'promoted' if v.promoted else ''}"
         )
-    print("recent rounds:")
-    for r in rounds:
+    lines.append("recent rounds:")
+    for r in store.training_rounds(session):
         tokens = r.metrics.get("train_tokens", "-")
-        print(
+        lines.append(
             f"   {r.round_index:<3} {r.status:<8} {r.method:<7} {r.policy_in} -> "
             f"{r.policy_out or '-'}  train tokens {tokens}"
         )
-    return 0
+    return lines
+
+
+def _pools(port: int) -> None:
+    """The work pools of the Prefect API in use (PREFECT_API_URL, else a local server)."""
+    import anyio
+
+    from flows import orchestrator
+
+    api = orchestrator.running(port)
+    if api is None:
+        print("work pools: no Prefect API (set PREFECT_API_URL, or run `flywheel serve`)")
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import pools
+
+    with temporary_settings({PREFECT_API_URL: api}):
+        views = anyio.run(pools.describe)
+    print(f"work pools at {api}: {len(views) or 'none'}")
+    for view in views:
+        runs = ", ".join(f"{n} {state}" for state, n in view.runs.items())
+        print(f"   {view.name} ({view.type}{', paused' if view.paused else ''}): {runs}")
+        print(f"      queues: {', '.join(view.queues) or 'none'}")
+        print(f"      workers: {', '.join(view.workers) or 'none'}")
 
 
 def lineage(args: argparse.Namespace) -> int:

@@ -106,22 +106,7 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.gateway_port is not None and not keys("FLYWHEEL_ADMIN_KEYS"):
         raise FlowError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to serve the gateway")
-    args.workdir = args.workdir.resolve()
-    if args.db is None:
-        args.db = f"sqlite:///{args.workdir}/flywheel.db"
-    if args.weights == "merged":
-        raise FlowError(
-            "flywheel serve serves LoRA versions: with merged weights, its one server would "
-            "answer live traffic with a candidate while evaluating it"
-        )
-    settings = run_settings(args, weights="lora")
-    if settings.reviewer is not None:
-        raise FlowError(
-            "flywheel serve uses a reviewer already running: --reviewer-url, --reviewer-model"
-        )
-    model_path = model_folder(args.model, args.workdir).resolve()
-    preflight(settings.db_url, args.server_url, model_path.name)
-    _use_local_prefect(args.workdir, args.prefect_port)
+    settings, model_path = _loop_settings(args, "serve")
     gateway = None
     if args.gateway_port is not None:
         command = [
@@ -146,6 +131,55 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def deploy(args: argparse.Namespace) -> int:
+    import anyio
+
+    from flows import pools as prefect_pools
+
+    settings, model_path = _loop_settings(args, "deploy")
+    pools = prefect_pools.PoolSettings(
+        collect=args.collect_pool, train=args.train_pool, helpers=args.helpers, lease_s=args.lease
+    )
+    for pool in dict.fromkeys((pools.collect, pools.train)):
+        created = anyio.run(prefect_pools.ensure_pool, pool)
+        print(f"work pool {pool}: {'created (process)' if created else 'exists'}")
+    deployed = prefect_pools.deploy(
+        settings, args.server_url, model_path.name, str(model_path), pools,
+        args.every, args.train_every, args.min_groups or settings.tasks,
+    )  # fmt: skip
+    for name in deployed:
+        pool = pools.train if name.startswith("flywheel-train") else pools.collect
+        print(f"deployment {name} on pool {pool}")
+    print(
+        f"start workers where they should run, with PREFECT_API_URL={os.environ['PREFECT_API_URL']}"
+        f":\n  prefect worker start --pool {pools.collect}\n  prefect worker start --pool "
+        f"{pools.train}"
+    )
+    return 0
+
+
+def _loop_settings(args: argparse.Namespace, command: str) -> tuple[Any, Path]:
+    """The continuous loop's settings and model folder (serve, deploy), with the server
+    checked and this process pointed at the Prefect API."""
+    args.workdir = args.workdir.resolve()
+    if args.db is None:
+        args.db = f"sqlite:///{args.workdir}/flywheel.db"
+    if args.weights == "merged":
+        raise FlowError(
+            f"flywheel {command} serves LoRA versions: with merged weights, its one server would "
+            "answer live traffic with a candidate while evaluating it"
+        )
+    settings = run_settings(args, weights="lora")
+    if settings.reviewer is not None:
+        raise FlowError(
+            f"flywheel {command} uses a reviewer already running: --reviewer-url, --reviewer-model"
+        )
+    model_path = model_folder(args.model, args.workdir).resolve()
+    preflight(settings.db_url, args.server_url, model_path.name)
+    _use_local_prefect(args.workdir, args.prefect_port)
+    return settings, model_path
+
+
 def worker(args: argparse.Namespace) -> int:
     import anyio
 
@@ -164,7 +198,7 @@ def worker(args: argparse.Namespace) -> int:
     if args.reviewer_url and args.reviewer_model:
         reviewer = Endpoint(PolicyClient(args.reviewer_url), args.reviewer_model)
     owner = worker.new_owner()
-    idle = _IdleClock(engine, args.idle_exit)
+    idle = worker.IdleClock(engine, args.idle_exit)
     print(f"worker {owner}: collecting from {args.server_url}; Ctrl-C stops it", file=sys.stderr)
     stored = anyio.run(
         lambda: worker.work(
@@ -174,26 +208,6 @@ def worker(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print(f"worker {owner}: stored {stored} groups", file=sys.stderr)
     return 0
-
-
-class _IdleClock:
-    """True once the queue has been empty for `limit` seconds (never, without a limit)."""
-
-    def __init__(self, engine: Any, limit: float | None) -> None:
-        self.engine, self.limit, self.since = engine, limit, None
-
-    def expired(self) -> bool:
-        from memory import store, workqueue
-
-        if self.limit is None:
-            return False
-        with store.transaction(self.engine) as session:
-            empty = workqueue.queue_depth(session) == 0
-        if not empty:
-            self.since = None
-            return False
-        self.since = self.since or time.monotonic()
-        return time.monotonic() - self.since >= self.limit
 
 
 def preflight(db_url: str, server_url: str, model: str, wait_s: float = 10.0) -> None:

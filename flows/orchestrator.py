@@ -38,6 +38,14 @@ def api_url(home: Path, port: int = LOCAL_PORT, timeout_s: float = 120.0) -> str
     return url
 
 
+def running(port: int = LOCAL_PORT) -> str | None:
+    """`PREFECT_API_URL` if set, else the local server's URL if it answers; starts nothing."""
+    if configured := os.environ.get("PREFECT_API_URL"):
+        return configured
+    url = f"http://127.0.0.1:{port}/api"
+    return url if _healthy(url) else None
+
+
 def _start(home: Path, port: int) -> subprocess.Popen[bytes]:
     home.mkdir(parents=True, exist_ok=True)
     prefect = Path(sys.executable).parent / "prefect"

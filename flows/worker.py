@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from itertools import groupby
@@ -85,6 +86,34 @@ class Plan(BaseModel):
 def new_owner() -> str:
     """A worker identity: this machine, this process, and a random part for reuse of pids."""
     return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:6]}"
+
+
+def here(db_url: str, server_url: str) -> tuple[str, str]:
+    """The store and the model server as this machine reaches them: `FLYWHEEL_DB_URL` and
+    `FLYWHEEL_SERVER_URL` where set (a worker on another machine), else the given ones."""
+    return (
+        os.environ.get("FLYWHEEL_DB_URL") or db_url,
+        os.environ.get("FLYWHEEL_SERVER_URL") or server_url,
+    )
+
+
+class IdleClock:
+    """True once the queue has been empty for `limit` seconds (never, without a limit)."""
+
+    def __init__(self, engine: Engine, limit: float | None) -> None:
+        self.engine, self.limit = engine, limit
+        self.since: float | None = None
+
+    def expired(self) -> bool:
+        if self.limit is None:
+            return False
+        with store.transaction(self.engine) as session:
+            empty = workqueue.queue_depth(session) == 0
+        if not empty:
+            self.since = None
+            return False
+        self.since = self.since or time.monotonic()
+        return time.monotonic() - self.since >= self.limit
 
 
 def plan_items(batch: Batch, tasks: list[Task], plan: Callable[[Task], Plan]) -> list[WorkItem]:

@@ -15,13 +15,15 @@ from safetensors.torch import load_file, save_file
 from bench import chaos
 from memory import store
 from memory.records import PolicyVersion
+from serving.adapters import loaded_models
 from serving.gateway import GatewaySettings, create_app, running
-from tests.conftest import free_port, make_group, seed_promoted
+from tests.conftest import free_port, make_group, seed_promoted, tiny_vllm
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 
 pytestmark = pytest.mark.vllm
 ADMIN = {"Authorization": "Bearer admin-key"}
+QV = ["q_proj", "v_proj"]
 USER = {"Authorization": "Bearer user-key"}
 
 
@@ -275,3 +277,53 @@ def test_an_openai_client_calls_tools_through_the_gateway(
         ]
         after = client.chat.completions.create(**{**common, "messages": follow})
         assert after.choices[0].message.role == "assistant"
+
+
+def test_a_swap_reaches_every_replica_or_none_moves_the_alias(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Two real replicas behind the gateway, the second pinned to a core of its own and taking
+    LoRA ranks up to 8 only: a rank-16 version loads on one replica and not the other, and the
+    alias stays; a rank-8 version loads on both, and the alias moves with no request dropped."""
+    root = tmp_path / "adapters"
+    wide = chaos.random_adapter(tiny_model_path, root, "policy-r1-wide", modules=QV)  # rank 16
+    narrow = chaos.random_adapter(tiny_model_path, root, "policy-r2-narrow", std=1.0)  # rank 8
+    engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
+    base = tiny_model_path.name
+    seed_promoted(engine, base, 0.1)
+    with store.transaction(engine) as session:
+        for index, (name, path) in enumerate([("policy-r1-wide", wide),
+                                              ("policy-r2-narrow", narrow)], start=1):  # fmt: skip
+            store.save_policy_version(
+                session,
+                PolicyVersion(name=name, base_model=base, parent=base, adapter_path=str(path),
+                              round_index=index),
+            )  # fmt: skip
+            store.record_evaluation(session, name, 0.2 + index / 10)
+    with tiny_vllm(tiny_model_path, tmp_path / "replica", cpus="1", max_lora_rank=8) as replica:
+        replicas = [tiny_server, replica.url]
+        settings = GatewaySettings(
+            upstreams=replicas,
+            base_model_path=tiny_model_path,
+            checkpoint_root=root,
+            user_keys=frozenset({"user-key"}),
+            admin_keys=frozenset({"admin-key"}),
+        )
+        with running(create_app(settings, engine), port=free_port()) as url:
+            admin = httpx.Client(base_url=url, headers=ADMIN, timeout=120)
+            with Load(url) as load:
+                refused = admin.post("/admin/promote", json={"version": "policy-r1-wide"})
+                assert refused.status_code >= 400, refused.text
+                assert answering_versions(url, 4) == {base}  # the alias did not move
+                with store.transaction(engine) as session:
+                    assert store.promoted_policy(session).name == base
+                load.wait_for(8)
+                promoted = admin.post("/admin/promote", json={"version": "policy-r2-narrow"})
+                assert promoted.status_code == 200, promoted.text
+                assert answering_versions(url, 4) == {"policy-r2-narrow"}
+                load.wait_for(len(load.answers) + 8)
+            assert load.errors == []
+            for upstream in replicas:  # each replica serves the new version itself
+                assert "policy-r2-narrow" in loaded_models(upstream)
+                assert greedy_text(upstream, "policy-r2-narrow")
+            assert "policy-r1-wide" not in loaded_models(replica.url)

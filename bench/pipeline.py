@@ -7,7 +7,14 @@ every attempt and stores every group in SQLite; its rate is over the task's wall
 reported: the orchestration overhead, the flow run's wall time (Prefect's flow and task
 bookkeeping, and its local server's start-up the first time) minus the task's.
 
-    .venv/bin/python bench/pipeline.py [--tasks 64] [--group-size 4] [--server-url URL] [--json P]
+With `--workers`, it measures scale-out instead: one batch collected by one `flywheel worker`
+on one model server pinned to all the host's cores, then the same batch by two workers, each
+on a model server of its own pinned to half the cores (a fresh SQLite store each time).
+Reported: seconds from the batch entering the queue to its last group stored, tasks/s, and
+the speed-up.
+
+    .venv/bin/python bench/pipeline.py [--tasks 64] [--group-size 4] [--server-url URL]
+        [--workers] [--json P]
 """
 
 from __future__ import annotations
@@ -15,9 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +44,9 @@ from agents.context import bare_messages  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
+from flows.table import text_table  # noqa: E402
 from memory.records import SamplingSettings  # noqa: E402
+from serving.server import split_cores  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 
 
@@ -45,8 +58,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--server-url", default=None)
     parser.add_argument("--port", type=int, default=8041)
+    parser.add_argument("--workers", action="store_true", help="one worker against two, instead")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.workers:
+        result = scale_out(args)
+        print_scale_out(result)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return
     with smollm2_server(args.server_url, args.port, "vllm-pipeline.log") as (url, model):
         result = measure(args, url, model.name)
     print_table(result)
@@ -121,6 +141,97 @@ def through_flow(
         tokens, inside = anyio.run(one_collection)
         seconds = time.monotonic() - started
     return tokens, inside, seconds
+
+
+def scale_out(args: argparse.Namespace) -> dict[str, Any]:
+    """The same batch by one worker on a server pinned to every core, then by two workers on
+    a server each, pinned to half the cores."""
+    halves = split_cores()
+    one = collect_with_workers(args, [",".join(halves)])
+    two = collect_with_workers(args, list(halves))
+    return {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "cores": halves,
+        "one_worker": one,
+        "two_workers": two,
+        "speedup": one["seconds"] / two["seconds"],
+    }
+
+
+def collect_with_workers(args: argparse.Namespace, cpus: list[str]) -> dict[str, Any]:
+    """One `flywheel worker` per entry of `cpus`, each on its own SmolLM2 server pinned there;
+    seconds from enqueueing the batch to its last group stored."""
+    from flows import worker
+    from memory import store, workqueue
+
+    tasks = train_tasks("arithmetic", args.tasks, seed=11, held_out=[])
+    sampling = CollectSettings(
+        group_size=args.group_size, temperature=1.0, max_tokens=args.max_tokens
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as scratch, ExitStack() as stack:
+        db = f"sqlite:///{scratch}/fw.db"
+        engine = store.open_store(db)
+        servers = [
+            stack.enter_context(
+                smollm2_server(None, args.port + i, f"vllm-workers-{i}.log", cores, "fixed")
+            )
+            for i, cores in enumerate(cpus)
+        ]
+        model = servers[0][1].name
+        batch = (1, "train", model)
+        for i, (url, _) in enumerate(servers):
+            stack.enter_context(_worker(db, url, Path(scratch) / f"worker{i}.log"))
+        started = time.monotonic()
+        with store.transaction(engine) as session:
+            workqueue.enqueue(session, worker.plan_items(
+                batch, tasks, lambda t: worker.Plan(task=t, sampling=sampling)
+            ))  # fmt: skip
+        while not worker.batch_done(engine, batch):
+            time.sleep(0.2)
+        seconds = time.monotonic() - started
+        with store.transaction(engine) as session:
+            groups = store.load_groups(session, "train", 1, model)
+    tokens = sum(a.generated_tokens for g in groups for a in g.attempts)
+    print(f"{len(cpus)} worker(s): {len(groups)} groups in {seconds:.1f} s", file=sys.stderr)
+    return {
+        "servers": len(cpus),
+        "seconds": seconds,
+        "groups": len(groups),
+        "tasks_per_s": len(groups) / seconds,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+@contextmanager
+def _worker(db: str, url: str, log: Path) -> Iterator[None]:
+    command = [
+        str(ROOT / ".venv" / "bin" / "flywheel"), "worker", "--db", db, "--server-url", url,
+        "--workdir", str(log.parent),
+    ]  # fmt: skip
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+
+
+def print_scale_out(result: dict[str, Any]) -> None:
+    s = result["settings"]
+    rows = [
+        [label, f"{r['seconds']:.1f}", f"{r['tasks_per_s']:.2f}", f"{r['tokens_per_s']:.1f}"]
+        for label, r in (
+            ("1 worker, 1 server", result["one_worker"]),
+            ("2 workers, 2 servers", result["two_workers"]),
+        )
+    ]
+    print(text_table(["collection", "seconds", "tasks/s", "tokens/s"], rows))
+    print(f"speed-up: {result['speedup']:.2f}")
+    print(
+        f"\n{s['tasks']} tasks x {s['group_size']} attempts, {s['max_tokens']} tokens max; "
+        f"two servers pinned to cores {' and '.join(result['cores'])}"
+    )
 
 
 def print_table(result: dict[str, Any]) -> None:

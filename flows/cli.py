@@ -156,6 +156,14 @@ def _loop_arguments(looped: Any) -> None:
     _model_argument(looped)
     looped.add_argument("--server-url", required=True, help="the running model server")
     looped.add_argument(
+        "--replica",
+        action="append",
+        default=None,
+        metavar="URL",
+        help="another model server serving the same versions (repeat for several): new "
+        "versions are loaded on each, collection spreads over them",
+    )
+    looped.add_argument(
         "--every", type=float, default=600.0, help="seconds between collection batches (600)"
     )
     looped.add_argument(

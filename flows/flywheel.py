@@ -94,8 +94,10 @@ async def collect_batch(
     batch = have // settings.tasks
     seed = ctx.round_index if batch == 0 else ctx.round_index * 1000 + batch
     tasks = train_tasks(settings.taskset, settings.tasks, seed=seed, held_out=held_out)
-    for _ in range(helpers):  # they claim from the queue once the batch is in it
-        await run_deployment(DRAIN, timeout=0, as_subflow=False)
+    servers = settings.replicas or [server_url]
+    for index in range(helpers):  # they claim from the queue once the batch is in it
+        parameters = {"server_url": servers[index % len(servers)]}
+        await run_deployment(DRAIN, parameters=parameters, timeout=0, as_subflow=False)
     groups = await rounds.collect_stage(ctx, tasks, clock)
     get_run_logger().info(
         "round %d: batch %d collected, %d groups", ctx.round_index, batch + 1, len(groups)

@@ -113,6 +113,7 @@ def serve(args: argparse.Namespace) -> int:
             sys.executable, "-m", "flows.cli", "gateway", "--upstream", args.server_url,
             "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
             "--port", str(args.gateway_port),
+            *(f"--upstream={url}" for url in settings.replicas),
         ]  # fmt: skip
         if settings.source != "generated":  # rounds train on its traffic: record it
             command.append("--capture")
@@ -169,13 +170,14 @@ def _loop_settings(args: argparse.Namespace, command: str) -> tuple[Any, Path]:
             f"flywheel {command} serves LoRA versions: with merged weights, its one server would "
             "answer live traffic with a candidate while evaluating it"
         )
-    settings = run_settings(args, weights="lora")
+    settings = run_settings(args, weights="lora", replicas=args.replica or [])
     if settings.reviewer is not None:
         raise FlowError(
             f"flywheel {command} uses a reviewer already running: --reviewer-url, --reviewer-model"
         )
     model_path = model_folder(args.model, args.workdir).resolve()
-    preflight(settings.db_url, args.server_url, model_path.name)
+    for url in (args.server_url, *settings.replicas):
+        preflight(settings.db_url, url, model_path.name)
     _use_local_prefect(args.workdir, args.prefect_port)
     return settings, model_path
 

@@ -96,6 +96,11 @@ class RunSettings(BaseModel):
     )
     library_k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
+    replicas: list[str] = Field(
+        default_factory=list,
+        description="more model servers serving the same versions (LoRA only): each new "
+        "version is loaded on every one before it is evaluated, and collection spreads over them",
+    )
     weights: Literal["merged", "lora"] = Field(
         "merged",
         description="how new versions are served: merged weights reloaded in place (the base "
@@ -121,6 +126,8 @@ class RunSettings(BaseModel):
             raise ValueError("name a reviewer to serve (reviewer) or a running one (reviewer_url)")
         if self.judge and self.reviewer is None and self.reviewer_url is None:
             raise ValueError("judge needs a reviewer: --reviewer-url and --reviewer-model")
+        if self.replicas and self.weights != "lora":
+            raise ValueError("replicas serve versions as LoRA adapters: set weights to lora")
         if self.anneal and self.sge:
             raise ValueError("anneal and sge both set an attempt's temperatures: choose one")
         return self

@@ -256,13 +256,15 @@ def merge(settings: RunSettings, base_model: Path, adapter_path: str, name: str)
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[5, 30])
 async def swap(settings: RunSettings, server_url: str, version: PolicyVersion) -> None:
-    """Serve the new version: its adapter hot-loaded, or its merged weights reloaded in place;
-    a no-op when a resumed round finds it already served."""
+    """Serve the new version: its adapter hot-loaded (on the server and every replica: one that
+    cannot load it fails the stage, so no version is evaluated or promoted that a replica does
+    not serve), or its merged weights reloaded in place; a no-op where it is already served."""
     if settings.weights == "lora":
         assert version.adapter_path is not None
-        await anyio.to_thread.run_sync(
-            ensure_loaded, server_url, version.name, Path(version.adapter_path)
-        )
+        for url in (server_url, *settings.replicas):
+            await anyio.to_thread.run_sync(
+                ensure_loaded, url, version.name, Path(version.adapter_path)
+            )
         return
     readiness = Readiness(engine(settings.db_url), server_url, settings.outage_s)
     await readiness.ensure(version.name, swap=True)

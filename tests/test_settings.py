@@ -29,6 +29,7 @@ def test_file_then_overrides(tmp_path: Path) -> None:
         ("[train]\nlearning_rat = 1\n", "setting train.learning_rat: Extra inputs"),
         ("rounds = \n", "cannot read config"),
         ("reviewer_url = 'http://h'\n", "reviewer_url and reviewer_model go together"),
+        ("replicas = ['http://h:8000']\n", "replicas serve versions as LoRA adapters"),
     ],
 )
 def test_bad_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:

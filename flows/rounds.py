@@ -26,7 +26,7 @@ from pathlib import Path
 from prefect import get_run_logger
 from pydantic import BaseModel, ConfigDict
 
-from flows import evaluation, stages
+from flows import artifacts, evaluation, stages
 from flows.settings import RunSettings
 from flows.summary import RoundSummary
 from memory import store
@@ -156,6 +156,7 @@ async def train_stage(
     gained, lost = evaluation.paired(
         stages.engine(ctx.settings.db_url), ctx.base_name, name, ctx.held_out
     )
+    artifacts.publish_round(ctx.settings, ctx.round_index)
     return summary.model_copy(
         update={
             "policy_version": name,

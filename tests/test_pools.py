@@ -6,7 +6,8 @@ processes, the store in PostgreSQL, and a real vLLM server.
    complete group.
 2. `flywheel deploy` registers the loop on two pools. A training run and a collection run
    overlap on different workers, and a second training run that would overlap the first is
-   cancelled by Prefect (the deployment's concurrency limit), not by a lock of ours.
+   cancelled by Prefect (the deployment's concurrency limit), not by a lock of ours. The round
+   leaves its table and a link to its report as artifacts.
 """
 
 from __future__ import annotations
@@ -261,6 +262,10 @@ def test_training_and_collection_overlap_and_training_runs_one_at_a_time(
         record = store.training_round(session, 1)
         promoted = store.promoted_policy(session)
     assert record is not None and record.status == "done" and record.policy_out
+    with get_client(sync_client=True) as client:  # the round's table and its report, in the UI
+        keys = {artifact.key for artifact in client.read_artifacts()}
+    assert {"flywheel-rounds", "flywheel-report"} <= keys
+    assert (tmp_path / "report.html").is_file()
     assert promoted is not None  # the base, or the round's version if the gate let it through
 
 

@@ -1,0 +1,155 @@
+"""Confirmation: the versions runs end with, on held-out tasks their gate never saw.
+
+A run promotes a version for its pass@1 on the run's held-out tasks, so the score of the
+version it ends with is biased upward: that version won a selection on those very tasks. This
+benchmark evaluates the final version of each kept run (`bench/learn.py --keep DIR` leaves one
+folder per arm) on the next held-out tasks: after the run's first `--skip` (its
+`--eval-tasks`), leaving out any task whose question one of the runs trained on. Greedy and
+with nothing in context, like the run's own evaluation; each version on a server of its own
+(its merged weights). Arms are paired with the first on the same tasks.
+
+    .venv/bin/python bench/confirm.py --arm DIR [--arm DIR ...] [--skip 128] [--tasks 256]
+        [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.intervals import paired_difference  # noqa: E402
+from bench.learn import _serving  # noqa: E402
+from bench.smollm2_server import fixed_server  # noqa: E402
+from flows import worker  # noqa: E402
+from flows.settings import RunSettings  # noqa: E402
+from flows.table import text_table  # noqa: E402
+from memory import store, workqueue  # noqa: E402
+from serving.server import VllmServer  # noqa: E402
+from verifiers.catalog import eval_tasks  # noqa: E402
+from verifiers.task import Task  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", type=Path, action="append", required=True, help="a kept run")
+    parser.add_argument("--skip", type=int, default=128, help="the runs' own held-out tasks")
+    parser.add_argument("--tasks", type=int, default=256, help="fresh held-out tasks to draw")
+    parser.add_argument("--port", type=int, default=8061)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    runs = {folder.name: _final(folder) for folder in args.arm}
+    taskset = next(iter(runs.values()))["taskset"]
+    trained = set().union(*(run["trained"] for run in runs.values()))
+    drawn = eval_tasks(taskset, args.skip + args.tasks)[args.skip :]
+    tasks = [t for t in drawn if t.question not in trained]
+    print(f"{len(tasks)} fresh tasks ({len(drawn) - len(tasks)} left out: trained on)",
+          file=sys.stderr)  # fmt: skip
+    for name, run in runs.items():
+        run["solved"] = evaluate(run["folder"], tasks, args.port)
+        print(f"[{name}] {run['version']}: {statistics.fmean(run['solved'].values()):.3f}",
+              file=sys.stderr)  # fmt: skip
+    result = {
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "tasks": len(tasks),
+        "runs": {
+            name: {
+                "version": run["version"],
+                "gate_pass_at_1": run["gate_pass_at_1"],
+                "pass_at_1": statistics.fmean(run["solved"].values()),
+                "solved": run["solved"],
+            }
+            for name, run in runs.items()
+        },
+    }
+    result["paired"] = _paired(result["runs"])
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _final(folder: Path) -> dict[str, Any]:
+    """A kept run's final version: its name, weights folder and gate score, and the
+    questions the run trained on."""
+    summary = json.loads((folder / "summary.json").read_text())
+    version = _serving(summary)
+    engine = store.open_store(summary["db_url"])
+    with store.transaction(engine) as session:
+        record = store.policy_version(session, version)
+        trained = {g.question for g in store.load_groups(session, "train")}
+    engine.dispose()
+    weights = record.weights_path
+    if weights is None or not Path(weights).is_dir():
+        sys.exit(f"{folder}: the weights of {version} are gone ({weights})")
+    return {
+        "version": version,
+        "folder": Path(weights),
+        "gate_pass_at_1": record.eval_pass_at_1,
+        "taskset": summary["taskset"],
+        "trained": trained,
+    }
+
+
+def evaluate(folder: Path, tasks: list[Task], port: int) -> dict[str, bool]:
+    """Task id -> solved, greedy, one answer per task, from a server of `folder`."""
+    settings = fixed_server(folder, port, f"vllm-confirm-{folder.name}.log", None, "float32")
+    with VllmServer(settings) as server, tempfile.TemporaryDirectory() as scratch:
+        run = RunSettings(db_url=f"sqlite:///{scratch}/confirm.db", workdir=Path(scratch))
+        engine = store.open_store(run.db_url)
+        batch = (0, "eval", folder.name)
+        sampling = run.eval_settings()
+        with store.transaction(engine) as session:
+            workqueue.enqueue(session, worker.plan_items(
+                batch, tasks, lambda t: worker.Plan(task=t, sampling=sampling)
+            ))  # fmt: skip
+        anyio.run(lambda: worker.work(
+            engine, server.url, owner="confirm", settings=worker.WorkerSettings(),
+            until=lambda: worker.batch_done(engine, batch), batch=batch,
+        ))  # fmt: skip
+        with store.transaction(engine) as session:
+            groups = store.load_groups(session, "eval", 0, folder.name)
+        engine.dispose()
+    return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
+
+
+def _paired(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    first, *others = runs
+    out = {}
+    for name in others:
+        a, b = runs[name]["solved"], runs[first]["solved"]
+        common = sorted(a.keys() & b.keys())
+        diff, low, high = paired_difference([a[t] for t in common], [b[t] for t in common])
+        out[name] = {"vs": first, "tasks": len(common), "difference": diff, "low": low,
+                     "high": high, "won": sum(a[t] and not b[t] for t in common),
+                     "lost": sum(b[t] and not a[t] for t in common)}  # fmt: skip
+    return out
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [
+        [name, run["version"], _score(run["gate_pass_at_1"]), f"{run['pass_at_1']:.3f}"]
+        for name, run in result["runs"].items()
+    ]
+    print(text_table(["run", "final version", "gate set", f"fresh {result['tasks']}"], rows))
+    for name, p in result["paired"].items():
+        print(
+            f"{name} vs {p['vs']} on the fresh tasks: {p['difference']:+.3f} "
+            f"({p['low']:+.3f} to {p['high']:+.3f}), won {p['won']}, lost {p['lost']}"
+        )
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    main()

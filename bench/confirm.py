@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.intervals import paired_difference  # noqa: E402
-from bench.learn import _serving  # noqa: E402
+from bench.learn import final_version  # noqa: E402
 from bench.smollm2_server import fixed_server  # noqa: E402
 from flows import worker  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
@@ -81,7 +81,7 @@ def _final(folder: Path) -> dict[str, Any]:
     """A kept run's final version: its name, weights folder and gate score, and the
     questions the run trained on."""
     summary = json.loads((folder / "summary.json").read_text())
-    version = _serving(summary)
+    version = final_version(summary)
     engine = store.open_store(summary["db_url"])
     with store.transaction(engine) as session:
         record = store.policy_version(session, version)

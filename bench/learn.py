@@ -198,12 +198,12 @@ def run_arm(
         "train_tokens": sum(r["train_tokens"] for r in rounds),
         "seconds": time.monotonic() - started,
         "run_seconds": summary["wall_seconds"].get("total"),
-        "final_version": _serving(summary),
+        "final_version": final_version(summary),
         "solved": solved,
     }
 
 
-def _serving(summary: dict[str, Any]) -> str:
+def final_version(summary: dict[str, Any]) -> str:
     """The version the run serves at its end: its last promoted round, else the base model."""
     promoted = [r["policy_version"] for r in summary["rounds"] if r["promoted"]]
     return promoted[-1] if promoted else summary["base_model"]
@@ -214,7 +214,7 @@ def _final_solved(summary: dict[str, Any]) -> dict[str, bool]:
     arm's store before its folder goes)."""
     engine = store.open_store(summary["db_url"])
     with store.transaction(engine) as session:
-        groups = store.load_groups(session, "eval", policy_version=_serving(summary))
+        groups = store.load_groups(session, "eval", policy_version=final_version(summary))
     engine.dispose()
     return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
 

@@ -35,6 +35,7 @@ from flows.settings import RunSettings  # noqa: E402
 from flows.table import text_table  # noqa: E402
 from memory import store, workqueue  # noqa: E402
 from serving.server import VllmServer  # noqa: E402
+from trainer.merge import merge_version  # noqa: E402
 from verifiers.catalog import eval_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
@@ -85,11 +86,16 @@ def _final(folder: Path) -> dict[str, Any]:
     engine = store.open_store(summary["db_url"])
     with store.transaction(engine) as session:
         record = store.policy_version(session, version)
+        base = store.policy_version(session, summary["base_model"])
         trained = {g.question for g in store.load_groups(session, "train")}
     engine.dispose()
     weights = record.weights_path
-    if weights is None or not Path(weights).is_dir():
-        sys.exit(f"{folder}: the weights of {version} are gone ({weights})")
+    if weights is None or not Path(weights).is_dir():  # pruned: merged again from its adapter
+        if record.adapter_path is None or base.weights_path is None:
+            sys.exit(f"{folder}: neither weights nor an adapter of {version} is left")
+        weights = str(merge_version(
+            Path(base.weights_path), Path(record.adapter_path), folder / "confirm", version
+        ))  # fmt: skip
     return {
         "version": version,
         "folder": Path(weights),

@@ -55,7 +55,12 @@ def gateway(args: argparse.Namespace) -> int:
         gate=Gate(min_gain=args.min_gain),
         capture=args.capture,
         uncaptured_keys=keys("FLYWHEEL_UNCAPTURED_KEYS"),
+        taskset=args.taskset,
     )
+    if args.taskset is not None:
+        from verifiers.catalog import check
+
+        check(args.taskset)  # an unknown or broken task set fails here, in one line
     from serving.server import ensure_port_free
 
     ensure_port_free(args.host, args.port)

@@ -253,6 +253,11 @@ def _gateway_command(commands: Any) -> None:
     gateway.add_argument(
         "--capture", action="store_true", help="record chat traffic as trajectories in the store"
     )
+    gateway.add_argument(
+        "--taskset",
+        default=None,
+        help="a task set whose verifier scores feedback that sends a reference answer",
+    )
     gateway.set_defaults(handler=admin.gateway)
 
 

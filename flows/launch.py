@@ -112,7 +112,7 @@ def serve(args: argparse.Namespace) -> int:
         command = [
             sys.executable, "-m", "flows.cli", "gateway", "--upstream", args.server_url,
             "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
-            "--port", str(args.gateway_port),
+            "--port", str(args.gateway_port), "--taskset", settings.taskset,
             *(f"--upstream={url}" for url in settings.replicas),
         ]  # fmt: skip
         if settings.source != "generated":  # rounds train on its traffic: record it

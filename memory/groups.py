@@ -150,6 +150,22 @@ def record_session_feedback(session: Session, session_id: str, score: float, rea
     return len(groups)
 
 
+def captured_exchange(
+    session: Session, session_id: str | None = None, capture_id: str | None = None
+) -> tuple[str, str]:
+    """A captured session's (or one turn's) question, its first user message, and its answer,
+    the last turn's text: what a verifier scores. `NotFound` when there is none."""
+    if session_id is not None:
+        rows = list(session.scalars(captured_turns(session_id)))
+    else:
+        query = select(RolloutGroupRow).filter_by(purpose="capture", task_id=capture_id)
+        rows = list(session.scalars(query))
+    last = rows[-1].attempts[0] if rows and rows[-1].attempts else None
+    if last is None or last.completion is None:
+        raise NotFound(f"nothing captured for {session_id or capture_id!r}")
+    return rows[0].question, last.completion
+
+
 def captured_turns(session_id: str) -> Select[RolloutGroupRow]:
     """The query of a session's captured turns, oldest first."""
     return (

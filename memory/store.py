@@ -21,6 +21,7 @@ from memory.database import (
 from memory.groups import (
     attempt_segments,
     attempt_steps,
+    captured_exchange,
     group_segments,
     group_tasks,
     groups_by_id,
@@ -69,6 +70,7 @@ __all__ = [
     "attempt_segments",
     "attempt_steps",
     "attempt_time_span",
+    "captured_exchange",
     "group_segments",
     "group_tasks",
     "groups_by_id",

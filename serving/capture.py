@@ -11,6 +11,8 @@
    `memory.sessions` stitches a session's turns into one token sequence.
 3. A request with `X-Flywheel-Capture: off`, or made with a key listed as uncaptured, is
    answered and not recorded.
+4. Feedback scores a turn or a session: a score the client gives, or the gateway's task-set
+   verifier's score of the last answer against a reference the client sends.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memory.records import UNRATED, Attempt, Group, Sample, SamplingSettings
+from verifiers.task import Task, task_id
 
 CAPTURE_HEADER = "X-Flywheel-Capture-Id"
 SESSION_HEADER = "X-Flywheel-Session"
@@ -34,6 +37,15 @@ def tags(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, str]:
         "task": headers.get(TASK_HEADER),
     }
     return {k: str(v)[:200] for k, v in found.items() if v}
+
+
+def reference_task(taskset: str, question: str, reference: str) -> Task:
+    """A captured question as a task of `taskset` with the reference a client sent, for the
+    task set's verifier to score the captured answer."""
+    return Task(
+        task_id=task_id(taskset, question), taskset=taskset, split="train", question=question,
+        answer=reference,
+    )  # fmt: skip
 
 
 def opted_out(headers: Mapping[str, str]) -> bool:

@@ -42,6 +42,7 @@ from memory.errors import NotFound
 from serving import capture
 from serving.errors import ServingError, UpstreamError
 from serving.router import GatewaySettings, NoUpstream, Router
+from verifiers.catalog import averify
 
 __all__ = ["GatewaySettings", "create_app", "running"]
 
@@ -56,17 +57,21 @@ class LoadRequest(BaseModel):
 
 
 class FeedbackRequest(BaseModel):
-    """A score for one captured turn (`id`, its capture id) or a whole session (`session`)."""
+    """A score for one captured turn (`id`, its capture id) or a whole session (`session`):
+    given (`score`), or the gateway's verifier's, of the last answer against `reference`."""
 
     id: str | None = None
     session: str | None = None
-    score: float = Field(ge=0.0, le=1.0)
+    score: float | None = Field(None, ge=0.0, le=1.0)
+    reference: str | None = Field(None, max_length=10_000)
     reason: str = "user feedback"
 
     @model_validator(mode="after")
     def _one_target(self) -> FeedbackRequest:
         if (self.id is None) == (self.session is None):
             raise ValueError("give either id (a capture id) or session")
+        if (self.score is None) == (self.reference is None):
+            raise ValueError("give either score or reference (for the gateway's verifier)")
         return self
 
 
@@ -132,8 +137,11 @@ def _inference_routes(
 
     @app.post("/v1/feedback", dependencies=[user])
     async def feedback(body: FeedbackRequest) -> dict[str, Any]:
+        if body.reference is not None:
+            body = await _verified(engine, settings.taskset, body)
         turns = await anyio.to_thread.run_sync(_save_feedback, engine, body)  # unknown: 404
-        return {"status": "recorded", "id": body.id, "session": body.session, "turns": turns}
+        return {"status": "recorded", "id": body.id, "session": body.session, "turns": turns,
+                "score": body.score, "reason": body.reason}  # fmt: skip
 
     @app.post(CHAT, dependencies=[user])
     async def chat(request: Request) -> Response:
@@ -355,8 +363,22 @@ def _save_group(engine: Engine, group: Any) -> None:
         store.save_group(session, group)
 
 
+async def _verified(engine: Engine, taskset: str | None, body: FeedbackRequest) -> FeedbackRequest:
+    """The feedback with the verifier's score of the captured answer against the reference."""
+    if taskset is None:
+        raise ServingError("this gateway has no verifier: start it with --taskset, or send a score")
+    assert body.reference is not None
+    with store.transaction(engine) as session:  # unknown: NotFound, 404
+        question, answer = store.captured_exchange(session, body.session, body.id)
+    verdict = await averify(capture.reference_task(taskset, question, body.reference), answer)
+    return body.model_copy(
+        update={"score": verdict.reward, "reason": f"verified: {verdict.reason}"}
+    )
+
+
 def _save_feedback(engine: Engine, body: FeedbackRequest) -> int:
     """Record the score; the number of turns it reached."""
+    assert body.score is not None
     with store.transaction(engine) as session:
         if body.session is not None:
             return store.record_session_feedback(session, body.session, body.score, body.reason)

@@ -50,6 +50,7 @@ class GatewaySettings(BaseModel):
     sync_interval_s: float = 5.0
     capture: bool = False
     uncaptured_keys: frozenset[str] = frozenset()  # keys whose traffic is never recorded
+    taskset: str | None = None  # whose verifier scores feedback that sends a reference
 
 
 class NoUpstream(UpstreamError):

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from agents.policy import Endpoint
 from memory import store
-from memory.sessions import episode_groups, episodes, stitch
+from memory.sessions import episode_groups, episodes, session_turns, stitch
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
 from tests.conftest import seed_promoted
@@ -68,8 +68,8 @@ ANSWERS = {"add 2 and 3": "call add", "tool says 5": "5", "again": "6"}
 
 @pytest.fixture
 def capturing(tiny_model_path: Path, tmp_path: Path):
-    def make(exact: bool = True):
-        engine = store.open_store(f"sqlite:///{tmp_path / f'sessions-{exact}.db'}")
+    def make(exact: bool = True, taskset: str | None = None):
+        engine = store.open_store(f"sqlite:///{tmp_path / f'sessions-{exact}-{taskset}.db'}")
         seed_promoted(engine, tiny_model_path.name)
         settings = GatewaySettings(
             upstreams=["http://up"],
@@ -77,6 +77,7 @@ def capturing(tiny_model_path: Path, tmp_path: Path):
             checkpoint_root=tmp_path,
             capture=True,
             uncaptured_keys=frozenset({"private-key"}),
+            taskset=taskset,
         )
         app = create_app(settings, engine, transport=httpx.MockTransport(toy_vllm(ANSWERS, exact)))
         return TestClient(app), engine
@@ -162,6 +163,32 @@ def test_an_unrated_episode_or_a_lone_one_makes_no_group(capturing) -> None:
         assert episode_groups(session) == []
         (group,) = episode_groups(session, min_episodes=1)
     assert [a.reward for a in group.attempts] == [1.0]
+
+
+def test_feedback_with_a_reference_is_scored_by_the_task_sets_verifier(capturing) -> None:
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        converse(client, {"X-Flywheel-Session": "right"})  # its last answer: "5"
+        converse(client, {"X-Flywheel-Session": "wrong"})
+        scored = {
+            sid: client.post("/v1/feedback", json={"session": sid, "reference": ref}).json()
+            for sid, ref in (("right", "5"), ("wrong", "7"))
+        }
+        unknown = client.post("/v1/feedback", json={"session": "nobody", "reference": "5"})
+        both = client.post("/v1/feedback", json={"session": "right", "score": 1, "reference": "5"})
+    assert scored["right"]["score"] == 0.5  # correct, but untagged
+    assert scored["right"]["reason"] == "verified: correct, last number (untagged)"
+    assert scored["wrong"]["score"] == 0.0 and scored["wrong"]["turns"] == 2
+    assert unknown.status_code == 404 and both.status_code == 422
+    with store.transaction(engine) as session:
+        rewards = {sid: [g.attempts[0].reward for g in turns]
+                   for sid, turns in session_turns(session).items()}  # fmt: skip
+    assert rewards == {"right": [0.5, 0.5], "wrong": [0.0, 0.0]}
+    plain, _ = capturing()  # no task set: a reference cannot be scored
+    with plain:
+        converse(plain, {"X-Flywheel-Session": "s"})
+        refused = plain.post("/v1/feedback", json={"session": "s", "reference": "5"})
+    assert refused.status_code == 400 and "no verifier" in refused.json()["error"]["message"]
 
 
 def test_stitch_refuses_an_empty_session() -> None:

@@ -8,15 +8,22 @@ parser) and two gateways in front of it, one capturing and one not, then:
     follow-up), and `examples/agent.py`'s tool-using sums (tool calls parsed by the server,
     tool results sent back). The share of sessions whose captured turns stitch into one
     sequence, and of those, the share equal to the server's own rendering of the whole
-    transcript (its /tokenize of the messages).
+    transcript (its /tokenize of the messages);
+(c) with `--loop`, in a small loop: `flywheel serve --source captured` with its gateway on a
+    SmolLM2 server with LoRA (gate open, `min_gain = -1`, so that any trained version
+    serves), two agent sessions of one task with feedback, and the seconds from the last
+    feedback to the alias answering with the new version.
 
-    .venv/bin/python bench/capture.py [--requests 48] [--sessions 16] [--json PATH]
+    .venv/bin/python bench/capture.py [--requests 48] [--sessions 16] [--loop] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,11 +63,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--sessions", type=int, default=16, help="sessions of each kind")
+    parser.add_argument("--loop", action="store_true", help="also: feedback to a new version")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     model = prepare_smollm2(ROOT / ".flywheel" / "models")
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as scratch:
         results = run(args, model, Path(scratch))
+        if args.loop:
+            results["loop"] = feedback_to_serving(model, Path(scratch) / "loop")
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
@@ -98,6 +108,77 @@ def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
         "conversation_seconds": conversation_seconds,
         **figures,
     }
+
+
+def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
+    """Seconds from the last feedback of a task's episodes to the alias answering with the
+    version trained on them, through `flywheel serve --source captured`."""
+    scratch.mkdir(parents=True)
+    settings = server_settings_for(model, scratch, weights="lora")
+    db = f"sqlite:///{scratch / 'loop.db'}"
+    config = scratch / "open-gate.toml"
+    config.write_text("[gate]\nmin_gain = -1.0\n")
+    port = free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    command = [
+        str(ROOT / ".venv" / "bin" / "flywheel"), "serve", "--server-url", settings.url,
+        "--model", str(model), "--db", db, "--workdir", str(scratch), "--config", str(config),
+        "--source", "captured", "--train-every", "2", "--min-groups", "1",
+        "--eval-tasks", "16", "--prefect-port", str(free_port()), "--gateway-port", str(port),
+    ]  # fmt: skip
+    environment = {**os.environ, "FLYWHEEL_ADMIN_KEYS": "admin", "FLYWHEEL_API_KEYS": "user"}
+    environment = {k: v for k, v in environment.items() if k != "PREFECT_API_URL"}
+    auth = {"Authorization": "Bearer user"}
+    log = (scratch / "serve.log").open("w")
+    with VllmServer(settings):
+        served = subprocess.Popen(
+            command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            engine = store.open_store(db)
+            _wait(lambda: _baseline(engine, model.name), served, 900)  # before any traffic
+            client = OpenAI(base_url=f"{gateway}/v1", api_key="user")
+            for number, score in ((1, 1.0), (2, 0.0)):
+                session = f"loop-{number}"
+                headers = {"X-Flywheel-Session": session, "X-Flywheel-Task": "sum-2-3"}
+                solve(client, "What is 2 + 3?", headers, turns=2)
+                body = {"session": session, "score": score}
+                httpx.post(f"{gateway}/v1/feedback", json=body, headers=auth).raise_for_status()
+            fed = time.monotonic()
+            _wait(lambda: _answered_by_new(client, model.name), served, 900)
+            seconds = time.monotonic() - fed
+        finally:
+            os.killpg(served.pid, signal.SIGTERM)
+            served.wait(timeout=60)
+            prefect_pid = scratch / "prefect" / "server.pid"
+            if prefect_pid.is_file():
+                os.killpg(int(prefect_pid.read_text()), signal.SIGTERM)
+    with store.transaction(engine) as session:
+        (record,) = store.training_rounds(session)[-1:]
+    print(f"feedback to serving: {seconds:.1f} s", file=sys.stderr)
+    return {"seconds": seconds, "round": record.round_index, "version": record.policy_out,
+            "train_tokens": record.metrics.get("train_tokens")}  # fmt: skip
+
+
+def _wait(check: Any, process: subprocess.Popen[bytes], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if process.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"flywheel serve stopped or took too long (exit {process.poll()})")
+        time.sleep(0.25)
+
+
+def _baseline(engine: Any, base: str) -> bool:
+    with store.transaction(engine) as session:
+        versions = {v.name: v for v in store.policy_versions(session)}
+    return base in versions and versions[base].eval_pass_at_1 is not None
+
+
+def _answered_by_new(client: OpenAI, base: str) -> bool:
+    reply = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    return reply.model not in ("policy", base)
 
 
 def throughput(url: str, args: argparse.Namespace) -> float:
@@ -203,6 +284,12 @@ def print_table(results: dict[str, Any]) -> None:
     for kind in ("chat", "agent"):
         for reason in results[kind]["not_stitched_reasons"]:
             print(f"{kind}: not stitched: {reason}")
+    if "loop" in results:
+        loop = results["loop"]
+        print(
+            f"last feedback to the alias answering with {loop['version']}: "
+            f"{loop['seconds']:.1f} s (round {loop['round']}, {loop['train_tokens']} tokens)"
+        )
 
 
 if __name__ == "__main__":

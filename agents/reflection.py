@@ -100,16 +100,24 @@ def reflection_format(attempt: Attempt, brief: bool = False, steps: bool = True)
     return {"type": "json_schema", "json_schema": {"name": "reflection", "schema": schema}}
 
 
-def review_messages(system: str, question: str, attempt: Attempt) -> Messages:
-    """A reviewer's prompt (reflection or judgement): the task, the attempt and the verifier's
-    verdict, never the reference answer."""
+def review_messages(
+    system: str, question: str, attempt: Attempt, instructions: str | None = None
+) -> Messages:
+    """A reviewer's prompt (reflection or judgement): the task (with the instructions the
+    policy was given, if any), the attempt and the verifier's verdict, never the reference
+    answer."""
     text = attempt.sample.text if attempt.sample else ""
     feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
     if attempt.feedback:
         feedback += "\nIts feedback:\n" + "\n".join(f"- {line}" for line in attempt.feedback)
+    task = (
+        f"Task: {question}"
+        if instructions is None
+        else f"Instructions: {instructions}\n\nTask: {question}"
+    )
     return [
         {"role": "system", "content": system},
-        {"role": "user", "content": f"Task: {question}\n\nAttempt: {text}\n\n{feedback}"},
+        {"role": "user", "content": f"{task}\n\nAttempt: {text}\n\n{feedback}"},
     ]
 
 

@@ -3,9 +3,10 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
 
 1. Only a group whose first attempts all fall short of full reward is revised, and only its
    best attempt (the lowest slot among equals).
-2. The reviewer sees the task, the attempt and the verifier's verdict and feedback lines, never
-   the reference answer, and rewrites the answer at temperature 0.3: keep what is right, fix what
-   the verifier found wrong, add nothing new.
+2. The reviewer sees the task with the instructions the policy answered under (the form the
+   answer must take), the attempt and the verifier's verdict and feedback lines, never the
+   reference answer, and rewrites the answer at temperature 0.3: it solves the task itself,
+   keeps what is right, and answers in the instructions' form.
 3. The revision is verified like any answer. Its text is tokenised by the policy's server as the
    policy's own answer to the bare prompt, closed by the template's end-of-turn token, so
    training can score it token for token. The reviewer's sampling probabilities belong
@@ -27,8 +28,9 @@ from verifiers.catalog import averify
 from verifiers.task import Task
 
 REVISE_SYSTEM = (
-    "You fix a failed answer to a task. Keep what is right, fix what the verifier found wrong, "
-    "add nothing new. Reply with the corrected answer only, in the form the task asks for."
+    "You fix a failed answer to a task. Solve the task yourself, checking each step, and keep "
+    "what the attempt got right. Reply with the corrected answer only, in exactly the form the "
+    "instructions ask for, with no remarks about the old one."
 )
 REVISE_TEMPERATURE = 0.3
 
@@ -42,6 +44,11 @@ def revisable(attempts: list[Attempt]) -> Attempt | None:
     return max(firsts, key=lambda a: (a.reward, -a.sample_index))
 
 
+def instructions(bare: Messages) -> str | None:
+    """The system prompt the policy answered under: the form its answer must take."""
+    return bare[0]["content"] if bare and bare[0]["role"] == "system" else None
+
+
 async def revise(
     policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
     max_tokens: int,
@@ -51,7 +58,7 @@ async def revise(
     parent = revisable(attempts)
     if parent is None:
         return []
-    messages = review_messages(REVISE_SYSTEM, task.question, parent)
+    messages = review_messages(REVISE_SYSTEM, task.question, parent, instructions(bare))
     sampling = SamplingSettings(temperature=REVISE_TEMPERATURE, max_tokens=max_tokens)
     record = {
         "sample_index": parent.sample_index,

@@ -60,6 +60,7 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
     (asked,) = seen["reviewer"]
     shown = asked["messages"][1]["content"]
     assert "999" in shown and "reward 0" in shown and TASK.answer not in shown.replace("999", "")
+    assert shown.startswith("Instructions: ") and "answer tags" in shown  # the form to answer in
     assert asked["temperature"] == REVISE_TEMPERATURE
     # The policy's server tokenised the fix as its own answer, open and closed: the ids are
     # the open turn's, then the one end-of-turn token the closed turn adds.

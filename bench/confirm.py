@@ -27,8 +27,7 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.intervals import paired_difference  # noqa: E402
-from bench.learn import final_version  # noqa: E402
+from bench.learn import final_version, paired  # noqa: E402
 from bench.smollm2_server import fixed_server  # noqa: E402
 from flows import worker  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
@@ -72,7 +71,7 @@ def main() -> None:
             for name, run in runs.items()
         },
     }
-    result["paired"] = _paired(result["runs"])
+    result["paired"] = paired(result["runs"])
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -125,19 +124,6 @@ def evaluate(folder: Path, tasks: list[Task], port: int) -> dict[str, bool]:
             groups = store.load_groups(session, "eval", 0, folder.name)
         engine.dispose()
     return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
-
-
-def _paired(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    first, *others = runs
-    out = {}
-    for name in others:
-        a, b = runs[name]["solved"], runs[first]["solved"]
-        common = sorted(a.keys() & b.keys())
-        diff, low, high = paired_difference([a[t] for t in common], [b[t] for t in common])
-        out[name] = {"vs": first, "tasks": len(common), "difference": diff, "low": low,
-                     "high": high, "won": sum(a[t] and not b[t] for t in common),
-                     "lost": sum(b[t] and not a[t] for t in common)}  # fmt: skip
-    return out
 
 
 def print_table(result: dict[str, Any]) -> None:

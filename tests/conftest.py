@@ -44,10 +44,18 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'store.db'}"
         return
+    with pg_database("flywheel") as url:
+        yield url
+
+
+@contextmanager
+def pg_database(prefix: str) -> Iterator[str]:
+    """A fresh PostgreSQL database named `prefix_...`, dropped at the end; a skip (a failure
+    where CI requires PostgreSQL) without one."""
     admin_url = os.environ.get("FLYWHEEL_TEST_PG_URL")
     if not admin_url:
         _require("FLYWHEEL_REQUIRE_PG", "no PostgreSQL (set FLYWHEEL_TEST_PG_URL)")
-    name = f"flywheel_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f"CREATE DATABASE {name}"))

@@ -19,7 +19,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.settings import PREFECT_API_URL, temporary_settings
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from agents.settings import CollectSettings
@@ -39,7 +38,7 @@ from flows import orchestrator, pools, worker
 from flows.flywheel import DRAIN
 from memory import store, workqueue
 from memory.models import RolloutGroupRow, WorkItemRow
-from tests.conftest import _require, free_port
+from tests.conftest import free_port, pg_database
 from verifiers.reasoning import train_tasks
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
@@ -51,7 +50,7 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for the store."""
-    with _database("flywheel") as url:
+    with pg_database("flywheel") as url:
         yield url
 
 
@@ -59,7 +58,7 @@ def pg_url() -> Iterator[str]:
 def prefect_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A Prefect server of its own, on PostgreSQL (many polling workers), stopped at the end;
     this process talks to it."""
-    with _database("prefect") as url:
+    with pg_database("prefect") as url:
         async_url = make_url(url).set(drivername="postgresql+asyncpg")
         connection = async_url.render_as_string(hide_password=False)
         monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", connection)
@@ -72,23 +71,6 @@ def prefect_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
         finally:
             os.killpg(int((home / "server.pid").read_text()), signal.SIGTERM)
             time.sleep(2)  # its connections close before the database is dropped
-
-
-@contextmanager
-def _database(prefix: str) -> Iterator[str]:
-    admin_url = os.environ.get("FLYWHEEL_TEST_PG_URL")
-    if not admin_url:
-        _require("FLYWHEEL_REQUIRE_PG", "no PostgreSQL (set FLYWHEEL_TEST_PG_URL)")
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
 
 
 def start_worker(

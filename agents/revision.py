@@ -28,9 +28,9 @@ from verifiers.catalog import averify
 from verifiers.task import Task
 
 REVISE_SYSTEM = (
-    "You fix a failed answer to a task. Solve the task yourself, checking each step, and keep "
-    "what the attempt got right. Reply with the corrected answer only, in exactly the form the "
-    "instructions ask for, with no remarks about the old one."
+    "You fix a failed answer to a task. Solve the task yourself, following its instructions "
+    "exactly: work it out step by step, briefly, then give the answer in the form they ask for. "
+    "Do not comment on the old answer."
 )
 REVISE_TEMPERATURE = 0.3
 

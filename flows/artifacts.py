@@ -8,28 +8,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 from prefect import get_run_logger
-from prefect.artifacts import create_link_artifact, create_table_artifact
+from prefect.artifacts import acreate_link_artifact, acreate_table_artifact
 
 from flows import report, stages
 from flows.settings import RunSettings
 from memory import store
 
 
-def publish_round(settings: RunSettings, round_index: int) -> Path | None:
+async def publish_round(settings: RunSettings, round_index: int) -> Path | None:
     """The rounds table and the report link, as artifacts of the current flow run; returns
     the report page's path, or None when it could not be written."""
     path = settings.workdir / "report.html"
     try:
-        with store.transaction(stages.engine(settings.db_url)) as session:
-            data = report.build(session)
-        report.write_html(data, path)
-        create_table_artifact(
+        data = await anyio.to_thread.run_sync(_write_report, settings, path)
+        await acreate_table_artifact(
             key="flywheel-rounds",
             table=[_row(r) for r in data.rounds],
             description=f"Every round so far, after round {round_index}.",
         )
-        create_link_artifact(
+        await acreate_link_artifact(
             key="flywheel-report",
             link=path.resolve().as_uri(),
             link_text="report with plots",
@@ -39,6 +38,13 @@ def publish_round(settings: RunSettings, round_index: int) -> Path | None:
         get_run_logger().warning("round %d: artifacts not written: %s", round_index, exc)
         return None
     return path
+
+
+def _write_report(settings: RunSettings, path: Path) -> report.Report:
+    with store.transaction(stages.engine(settings.db_url)) as session:
+        data = report.build(session)
+    report.write_html(data, path)
+    return data
 
 
 def _row(row: report.RoundRow) -> dict[str, object]:

@@ -135,6 +135,7 @@ async def train_stage(
     except TrainerError as exc:
         get_run_logger().warning("round %d skipped: %s", ctx.round_index, exc)
         _finish(ctx, record, {"status": "skipped", "metrics": {"reason": str(exc)}})
+        await artifacts.publish_round(ctx.settings, ctx.round_index)
         return summary.model_copy(update={"note": str(exc), "wall_seconds": seconds})
     weights_path = None
     if ctx.settings.weights == "merged":
@@ -156,7 +157,7 @@ async def train_stage(
     gained, lost = evaluation.paired(
         stages.engine(ctx.settings.db_url), ctx.base_name, name, ctx.held_out
     )
-    artifacts.publish_round(ctx.settings, ctx.round_index)
+    await artifacts.publish_round(ctx.settings, ctx.round_index)
     return summary.model_copy(
         update={
             "policy_version": name,

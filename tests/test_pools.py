@@ -38,7 +38,7 @@ from flows import orchestrator, pools, worker
 from flows.flywheel import DRAIN
 from memory import store, workqueue
 from memory.models import RolloutGroupRow, WorkItemRow
-from tests.conftest import free_port, pg_database
+from tests.conftest import free_port, make_group, pg_database
 from verifiers.reasoning import train_tasks
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
@@ -208,12 +208,11 @@ def test_training_and_collection_overlap_and_training_runs_one_at_a_time(
     pg_url: str, prefect_api: str, tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     engine = store.open_store(pg_url)
-    round_one = (1, "train", tiny_model_path.name)
-    enqueue(pg_url, round_one, 2, seed=1)  # the groups round 1 trains on, collected here
-    anyio.run(lambda: worker.work(
-        engine, tiny_server, owner="seed", settings=worker.WorkerSettings(),
-        until=lambda: worker.batch_done(engine, round_one),
-    ))  # fmt: skip
+    base = tiny_model_path.name
+    with store.transaction(engine) as session:  # what round 1 trains on: rewards that differ
+        for index in range(2):
+            group = make_group([1.0, 0.0, 1.0, 0.0], task_id=f"seeded-{index}")
+            store.save_group(session, group.model_copy(update={"policy_version": base}))
     enqueue(pg_url, (9, "train", tiny_model_path.name), 48, seed=9)  # the drain's batch
     command = [
         sys.executable, "-m", "flows.cli", "deploy", "--server-url", tiny_server,

@@ -55,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
 def _server_settings(
     args: argparse.Namespace, model_path: Path, weights: str, reviewer_path: Path | None
 ) -> tuple[Any, Any]:
-    """The policy's server settings, and the reviewer's beside it (each on cores of its own,
-    `serving.server.side_by_side`) when there is one."""
-    from serving.server import ServerSettings, side_by_side
+    """The policy's server settings, on every core, and the reviewer's beside it (each on
+    cores of its own, `serving.server.side_by_side`) when there is one."""
+    from serving.server import ServerSettings, all_cores, side_by_side
 
     def settings(folder: Path, port: int, log_name: str) -> ServerSettings:
         return ServerSettings(
@@ -71,7 +71,7 @@ def _server_settings(
 
     policy = settings(model_path, args.port, "vllm.log")
     if reviewer_path is None:
-        return policy, None
+        return policy.model_copy(update={"cpus": all_cores()}), None
     return side_by_side(policy, settings(reviewer_path, args.port + 1, "reviewer.log"))
 
 

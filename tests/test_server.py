@@ -69,6 +69,7 @@ def test_two_servers_get_disjoint_cores(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert server.split_cores() == ("0,1", "2")
+    assert server.all_cores() == "0,1,2"  # a server alone on the host takes every core
     monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {5})
     with pytest.raises(ServingError, match="at least 2 cores"):
         server.split_cores()

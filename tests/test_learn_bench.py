@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.learn import _serving, paired
+from bench.learn import final_version, paired
 
 
 def test_an_arm_serves_its_last_promoted_round_or_the_base_model() -> None:
@@ -13,8 +13,8 @@ def test_an_arm_serves_its_last_promoted_round_or_the_base_model() -> None:
         {"policy_version": "r1", "promoted": True},
         {"policy_version": "r2", "promoted": False},
     ]
-    assert _serving({"base_model": "base", "rounds": rounds}) == "r1"
-    assert _serving({"base_model": "base", "rounds": rounds[1:]}) == "base"
+    assert final_version({"base_model": "base", "rounds": rounds}) == "r1"
+    assert final_version({"base_model": "base", "rounds": rounds[1:]}) == "base"
 
 
 def test_final_versions_are_paired_on_the_tasks_both_were_evaluated_on() -> None:

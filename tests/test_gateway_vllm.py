@@ -45,6 +45,17 @@ def corrupt_copies(good: Path, root: Path) -> dict[str, Path]:
     return variants
 
 
+def keyed_settings(upstreams: list[str], model: Path, root: Path) -> GatewaySettings:
+    """The gateway of these tests: a user key and an admin key, adapters under `root`."""
+    return GatewaySettings(
+        upstreams=upstreams,
+        base_model_path=model,
+        checkpoint_root=root,
+        user_keys=frozenset({"user-key"}),
+        admin_keys=frozenset({"admin-key"}),
+    )
+
+
 def answering_versions(url: str, count: int) -> set[str]:
     """The versions that answer `count` sequential alias requests."""
     body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -139,13 +150,7 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
             ),
         )
         store.record_evaluation(session, "policy-r1-gw", 0.2)
-    settings = GatewaySettings(
-        upstreams=[tiny_server],
-        base_model_path=tiny_model_path,
-        checkpoint_root=root,
-        user_keys=frozenset({"user-key"}),
-        admin_keys=frozenset({"admin-key"}),
-    )
+    settings = keyed_settings([tiny_server], tiny_model_path, root)
     with running(create_app(settings, engine), port=free_port()) as url:
         admin = httpx.Client(base_url=url, headers=ADMIN, timeout=120)
         assert httpx.post(f"{url}/v1/chat/completions", json={}).status_code == 401
@@ -249,13 +254,7 @@ def test_an_openai_client_calls_tools_through_the_gateway(
 
     engine = store.open_store(f"sqlite:///{tmp_path / 'tools.db'}")
     seed_promoted(engine, tiny_model_path.name)
-    settings = GatewaySettings(
-        upstreams=[tiny_server],
-        base_model_path=tiny_model_path,
-        checkpoint_root=tmp_path / "adapters",
-        user_keys=frozenset({"user-key"}),
-        admin_keys=frozenset({"admin-key"}),
-    )
+    settings = keyed_settings([tiny_server], tiny_model_path, tmp_path / "adapters")
     with running(create_app(settings, engine), port=free_port()) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="user-key", max_retries=0)
         ask = [{"role": "user", "content": "What is the balance of account a?"}]
@@ -302,13 +301,7 @@ def test_a_swap_reaches_every_replica_or_none_moves_the_alias(
             store.record_evaluation(session, name, 0.2 + index / 10)
     with tiny_vllm(tiny_model_path, tmp_path / "replica", cpus="1", max_lora_rank=8) as replica:
         replicas = [tiny_server, replica.url]
-        settings = GatewaySettings(
-            upstreams=replicas,
-            base_model_path=tiny_model_path,
-            checkpoint_root=root,
-            user_keys=frozenset({"user-key"}),
-            admin_keys=frozenset({"admin-key"}),
-        )
+        settings = keyed_settings(replicas, tiny_model_path, root)
         with running(create_app(settings, engine), port=free_port()) as url:
             admin = httpx.Client(base_url=url, headers=ADMIN, timeout=120)
             with Load(url) as load:

@@ -46,8 +46,9 @@ FLAGGED = (
     "train.mode",
     "train.learning_rate",
     "train.epochs",
+    "train.processes",
 )
-RENAMED = {"outcome.bonus": "--outcome-bonus"}
+RENAMED = {"outcome.bonus": "--outcome-bonus", "train.processes": "--train-processes"}
 
 
 def flag(key: str) -> str:

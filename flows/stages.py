@@ -42,7 +42,8 @@ from memory.library import Admission, LibrarySettings
 from memory.records import Attempt, Group, GroupPurpose, LessonDraft, PolicyVersion
 from memory.retrieval import Index
 from serving.adapters import ensure_loaded
-from trainer.round import RoundResult, train_round
+from trainer import distributed
+from trainer.round import RoundResult
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def train(
     settings: RunSettings, groups: list[Group], base_model: Path, parent: PolicyVersion, name: str
 ) -> RoundResult:
     parent_path = Path(parent.adapter_path) if parent.adapter_path else None
-    return train_round(
+    return distributed.train(
         groups,
         base_model=base_model,
         parent_adapter=parent_path,

@@ -13,6 +13,8 @@
    weights did not move, fails the round loudly.
 4. Trainer state is saved every `save_steps` under `checkpoint_root/.rounds/<name>`; a round
    started again under the same name resumes from the last save, on the same rows.
+5. Under torchrun (`trainer.distributed`) every process builds the same rows and the trainer
+   splits each batch across them; the main process alone publishes.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class RoundResult(BaseModel):
     kl_first: float | None = None  # KL to the sampling policy, first tenth of the steps
     kl_last: float | None = None  # and last tenth
     outside_share: float | None = None  # sampled tokens past the trust region, mean per step
+    steps: int = 0  # optimizer steps
+    processes: int = 1  # training processes (one per GPU) that shared each batch
 
 
 class PolicyGradientTrainer(SFTTrainer):
@@ -168,6 +172,10 @@ def train_round(
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if resume is None:
         _check_moved(before, _lora_snapshot(trainer.model))
+    step = int(resume.name.split("-")[-1]) if resume else 0
+    shape = {"steps": trainer.state.global_step, "processes": trainer.args.world_size}
+    if not trainer.is_world_process_zero():  # another process of a distributed round
+        return _result(published, rows, [], 0.0, started, step).model_copy(update=shape)
     staging = folders.staging_dir(checkpoint_root, name)
     trained: Any = trainer.model  # a PeftModel; transformers types it as any module
     trained.save_pretrained(staging)
@@ -176,9 +184,8 @@ def train_round(
     history = trainer.state.log_history
     losses = [entry["loss"] for entry in history if "loss" in entry]
     train_seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), 0.0)
-    step = int(resume.name.split("-")[-1]) if resume else 0
     result = _result(path, rows, losses, train_seconds, started, resumed_from_step=step)
-    return result.model_copy(update=_drift_figures(trainer.drift))
+    return result.model_copy(update={**shape, **_drift_figures(trainer.drift)})
 
 
 def _drift_figures(drift: list[tuple[float, float]]) -> dict[str, float | None]:
@@ -287,6 +294,7 @@ def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
         report_to="none",
         bf16=_dtype(settings) == torch.bfloat16,
         gradient_checkpointing=False,
+        ddp_find_unused_parameters=False,  # every LoRA weight takes part in each step
         use_cpu=not on_gpu,
         remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True},

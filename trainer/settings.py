@@ -41,4 +41,10 @@ class TrainSettings(BaseModel):
     seed: int = 0
     device: str = "auto"
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    processes: int = Field(
+        1,
+        ge=1,
+        description="processes a round trains in, one per GPU: above 1, the round runs under "
+        "torchrun and TRL's trainer (through accelerate) splits each batch across them",
+    )
     save_steps: int = Field(10, ge=0, description="trainer state saved every N steps; 0: never")

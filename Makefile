@@ -1,4 +1,5 @@
-# The two commands: `make run` (the main job) and `make test` (the suite; .ci/run calls it).
+# The two commands: `make run` (the main job) and `make test` (the default suite, about 20
+# minutes on 2 cores; .ci/run calls it, then `make test-slow`: the tests marked slow).
 # Both install what is missing first: the application's environment (.venv), the model server's
 # environment (.venv-serving, vLLM for CPU), and the SmolLM2 model folder (.flywheel/models).
 
@@ -8,7 +9,7 @@ SERVING := .venv-serving
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test setup model lint clean
+.PHONY: run test test-slow setup model lint clean
 
 run: model
 	$(VENV)/bin/flywheel run --summary-json .flywheel/summary.json $(ARGS)
@@ -17,7 +18,17 @@ test: model
 	$(VENV)/bin/flywheel prepare-model --model tiny
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(call pytest,not slow)
+
+test-slow: model
+	$(VENV)/bin/flywheel prepare-model --model tiny
+	$(call pytest,slow)
+
+# pytest on a marker expression; exit code 5 (no test selected) is not a failure.
+define pytest
+	$(VENV)/bin/pytest -m "$(1)" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+endef
 
 setup: $(VENV)/.installed $(SERVING)/.installed
 

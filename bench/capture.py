@@ -14,7 +14,11 @@ parser) and two gateways in front of it, one capturing and one not, then:
     serves), two agent sessions of one task with feedback, and the seconds from the last
     feedback to the alias answering with the new version.
 
-    .venv/bin/python bench/capture.py [--requests 48] [--sessions 16] [--loop] [--json PATH]
+    .venv/bin/python bench/capture.py [--requests 48] [--passes 2] [--sessions 16]
+        [--model smollm2|FOLDER] [--loop] [--json PATH]
+
+(a) reports the best pass of each gateway against the other, and the median of the paired
+passes (each capturing pass over the plain one just before it).
 """
 
 from __future__ import annotations
@@ -63,12 +67,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--sessions", type=int, default=16, help="sessions of each kind")
+    parser.add_argument("--passes", type=int, default=2, help="throughput passes of each gateway")
+    parser.add_argument(
+        "--model", default="smollm2", help="smollm2, or a model folder (e.g. a Qwen2.5 one)"
+    )
     parser.add_argument("--loop", action="store_true", help="also: feedback to a new version")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     model = prepare_smollm2(ROOT / ".flywheel" / "models")
+    served = model if args.model == "smollm2" else Path(args.model).resolve()
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as scratch:
-        results = run(args, model, Path(scratch))
+        results = run(args, served, Path(scratch))
         if args.loop:
             results["loop"] = feedback_to_serving(model, Path(scratch) / "loop")
     print_table(results)
@@ -93,9 +102,10 @@ def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
     with VllmServer(server_settings) as server, gateway(True) as on, gateway(False) as off:
         throughput(off, args)  # warm-up
         plain, captured = [], []
-        for _ in range(2):
+        for _ in range(args.passes):
             plain.append(throughput(off, args))
             captured.append(throughput(on, args))
+        ratios = sorted(c / p for c, p in zip(captured, plain, strict=True))
         started = time.monotonic()
         kinds = conversations(on, args.sessions)
         conversation_seconds = time.monotonic() - started
@@ -105,6 +115,8 @@ def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
         "plain_tokens_per_s": max(plain),
         "captured_tokens_per_s": max(captured),
         "captured_over_plain": max(captured) / max(plain),
+        "paired_ratios": ratios,
+        "median_paired_ratio": ratios[len(ratios) // 2],
         "conversation_seconds": conversation_seconds,
         **figures,
     }
@@ -268,7 +280,8 @@ def print_table(results: dict[str, Any]) -> None:
     print(
         f"gateway tokens/s: capture off {results['plain_tokens_per_s']:.1f}, capture on "
         f"{results['captured_tokens_per_s']:.1f}: {results['captured_over_plain']:.3f} "
-        "(goal >= 0.95)"
+        f"(goal >= 0.95); paired passes, median {results['median_paired_ratio']:.3f} of "
+        + ", ".join(f"{r:.3f}" for r in results["paired_ratios"])
     )
     header = ["sessions", "n", "multi-turn", "stitched", "equal to rendering", "turns"]
     rows = []

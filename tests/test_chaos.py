@@ -35,6 +35,7 @@ def assert_whole(row: chaos.Row) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_a_server_killed_during_64_rollouts_is_restarted_and_nothing_is_lost(
     own_server, tmp_path: Path
 ) -> None:
@@ -45,6 +46,7 @@ def test_a_server_killed_during_64_rollouts_is_restarted_and_nothing_is_lost(
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_an_engine_that_answers_health_but_generates_nothing_is_caught(
     own_server, tmp_path: Path
 ) -> None:
@@ -84,6 +86,7 @@ def test_a_trainer_killed_while_saving_resumes_from_a_whole_save(
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_a_soak_of_256_agents_through_faults_stores_what_was_submitted(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:

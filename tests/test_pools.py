@@ -41,7 +41,7 @@ from memory.models import RolloutGroupRow, WorkItemRow
 from tests.conftest import free_port, make_group, pg_database
 from verifiers.reasoning import train_tasks
 
-pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
+pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.slow]
 
 PREFECT = Path(sys.executable).parent / "prefect"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")

@@ -148,8 +148,7 @@ def deploy(args: argparse.Namespace) -> int:
         settings, args.server_url, model_path.name, str(model_path), pools,
         args.every, args.train_every, args.min_groups or settings.tasks,
     )  # fmt: skip
-    for name in deployed:
-        pool = pools.train if name.startswith("flywheel-train") else pools.collect
+    for name, pool in deployed.items():
         print(f"deployment {name} on pool {pool}")
     print(
         f"start workers where they should run, with PREFECT_API_URL={os.environ['PREFECT_API_URL']}"

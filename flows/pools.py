@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
@@ -124,8 +123,8 @@ def deploy(
     every_s: float,
     train_every_s: float,
     min_groups: int,
-) -> dict[str, UUID]:
-    """Register the three deployments on their pools; returns their ids by name."""
+) -> dict[str, str]:
+    """Register the three deployments on their pools; returns each one's pool by its name."""
     parameters: dict[str, Any] = {
         "settings": settings.model_dump(mode="json"),
         "server_url": server_url,
@@ -167,10 +166,9 @@ def deploy(
             "groups exist; one run at a time.",
         )),
     }  # fmt: skip
-    return {
-        name: deployment.apply(work_pool_name=pool)
-        for name, (pool, deployment) in deployments.items()
-    }
+    for pool, deployment in deployments.values():
+        deployment.apply(work_pool_name=pool)
+    return {name: pool for name, (pool, _) in deployments.items()}
 
 
 class PoolView(BaseModel):

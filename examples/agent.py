@@ -30,15 +30,19 @@ ADD = {
 SYSTEM = "Use the add tool to add numbers, then reply with the result only."
 
 
-def solve(client: OpenAI, question: str, headers: dict[str, str], turns: int = 3) -> str:
-    """Ask, run the tool calls the model makes, and return its final text."""
+def solve(
+    client: OpenAI, question: str, headers: dict[str, str], turns: int = 3, first: str = "auto"
+) -> str:
+    """Ask, run the tool calls the model makes, and return its final text. `first` is the first
+    request's `tool_choice` ("required" makes a small model call the tool at least once)."""
     messages: list[dict] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
-    for _ in range(turns):
+    for turn in range(turns):
         reply = client.chat.completions.create(
-            model="policy", messages=messages, tools=[ADD], max_tokens=48, extra_headers=headers
+            model="policy", messages=messages, tools=[ADD], max_tokens=48, extra_headers=headers,
+            tool_choice=first if turn == 0 else "auto",  # type: ignore[arg-type]
         ).choices[0].message  # fmt: skip
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:

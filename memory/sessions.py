@@ -6,10 +6,14 @@ and the episodes of one task grouped for training.
    the episode's prompt is the first turn's prompt ids; each turn adds the completion ids the
    server sampled (trained, with its logprobs), and the tokens between one turn's end and the
    next turn's prompt (the next user message or tool result with the template's turn markers)
-   are a forced span, never trained. This holds only where each turn's prompt ids begin with
+   are a forced span, never trained. This holds where each turn's prompt ids begin with
    everything before it, that is where the server renders the earlier turns as the very tokens
-   it sampled. A session where that fails is not stitched (its reason names the turn) and is
-   never trained on.
+   it sampled. Where it renders the last answer otherwise (a forced tool call: vLLM samples
+   `tool_choice` "required" or named as plain JSON, which the template renders back as its own
+   tool-call markup), the rendering replaces that answer as forced context: it is not trained,
+   and every trained token still has the context the server gave it. A session whose prompt
+   changes anything before that is not stitched (its reason names the turn) and is never
+   trained on.
 2. An episode's reward is its last turn's score: session feedback (`record_session_feedback`)
    scores every turn; an episode whose last turn has no score is unrated.
 3. Rated episodes tagged with the same task form one group, the unit group advantages are
@@ -44,17 +48,21 @@ def stitch(turns: list[Attempt]) -> Attempt | str:
     completion: list[int] = []
     logprobs: list[float] = []
     spans: list[tuple[int, int]] = []
+    answered = 0  # where the last turn's sampled answer starts in `completion`
     for number, turn in enumerate(turns, 1):
         sample = turn.sample
         assert sample is not None
         if number > 1:
-            so_far = first.prompt_token_ids + completion
-            if sample.prompt_token_ids[: len(so_far)] != so_far:
-                return f"turn {number}'s prompt does not begin with the turns before it"
-            between = sample.prompt_token_ids[len(so_far) :]
-            spans.append((len(completion), len(completion) + len(between)))
+            prompt = sample.prompt_token_ids
+            if not _begins(prompt, first.prompt_token_ids + completion):
+                if not _begins(prompt, first.prompt_token_ids + completion[:answered]):
+                    return f"turn {number}'s prompt does not begin with the turns before it"
+                del completion[answered:], logprobs[answered:]  # rendered otherwise
+            between = prompt[len(first.prompt_token_ids) + len(completion) :]
+            _force(spans, len(completion), len(completion) + len(between))
             completion += between
             logprobs += [0.0] * len(between)
+        answered = len(completion)
         completion += sample.completion_token_ids
         logprobs += sample.logprobs
     last = turns[-1]
@@ -79,6 +87,18 @@ def stitch(turns: list[Attempt]) -> Attempt | str:
             "generated_tokens": sum(len(t.sample.completion_token_ids) for t in turns if t.sample),
         }
     )
+
+
+def _begins(ids: list[int], prefix: list[int]) -> bool:
+    return ids[: len(prefix)] == prefix
+
+
+def _force(spans: list[tuple[int, int]], start: int, end: int) -> None:
+    """Add a forced span, joined to the one before it where they touch."""
+    if spans and spans[-1][1] == start:
+        spans[-1] = (spans[-1][0], end)
+    else:
+        spans.append((start, end))
 
 
 def stitch_turns(turns: list[Group]) -> Attempt | str:

@@ -12,10 +12,11 @@ from fastapi.testclient import TestClient
 
 from agents.policy import Endpoint
 from memory import store
+from memory.records import Attempt, Sample
 from memory.sessions import episode_groups, episodes, session_turns, stitch
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
-from tests.conftest import seed_promoted
+from tests.conftest import make_group, seed_promoted
 from tests.test_exploration import scripted
 from tests.test_policy import client_for
 from trainer.dataset import IGNORE, build_rows
@@ -131,16 +132,35 @@ def test_a_sessions_turns_are_stitched_into_the_servers_rendering_of_the_transcr
     assert trained[: span[0]] == sample.completion_token_ids[: span[0]]
 
 
-def test_a_session_the_server_renders_otherwise_is_not_stitched(capturing) -> None:
+def test_an_answer_the_server_renders_otherwise_becomes_untrained_context(capturing) -> None:
     client, engine = capturing(exact=False)
     with client:
-        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
-        client.post("/v1/feedback", json={"session": "s1", "score": 1.0})
+        transcript = converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
     with store.transaction(engine) as session:
-        assert episodes(session) == {
-            "s1": "turn 2's prompt does not begin with the turns before it"
-        }
-        assert episode_groups(session, min_episodes=1) == []
+        episode = episodes(session)["s1"]
+    assert isinstance(episode, Attempt) and episode.sample is not None
+    sample = episode.sample
+    rendered = render([m | {"content": m["content"] + " "} if m["role"] == "assistant" else m
+                       for m in transcript[:-1]]) + [ROLES["assistant"]]  # fmt: skip
+    answer = [*map(ord, "5"), END]
+    # The server's rendering of the first answer ("call add ") stands in for what it sampled,
+    # and only the last answer is trained.
+    assert sample.prompt_token_ids + sample.completion_token_ids == rendered + answer
+    assert episode.forced_spans == [(0, len(sample.completion_token_ids) - len(answer))]
+    assert sample.logprobs == [0.0] * (len(sample.logprobs) - len(answer)) + [-0.5] * len(answer)
+
+
+def test_a_session_whose_earlier_prompt_changed_is_not_stitched() -> None:
+    def turn(prompt: list[int], answer: list[int]) -> Attempt:
+        return make_group([1.0], completion_len=len(answer)).attempts[0].model_copy(
+            update={"sample": Sample(text="t", prompt_token_ids=prompt,
+                                     completion_token_ids=answer, logprobs=[-0.5] * len(answer),
+                                     finish_reason="stop")}
+        )  # fmt: skip
+
+    turns = [turn([1, 2, 3], [4, 5]), turn([1, 9, 3, 4, 5, 6], [7])]
+    assert stitch(turns) == "turn 2's prompt does not begin with the turns before it"
+    assert isinstance(stitch([turns[0], turn([1, 2, 3, 4, 5, 6], [7])]), Attempt)
 
 
 def test_capture_is_opted_out_by_header_or_key(capturing) -> None:

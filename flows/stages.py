@@ -238,12 +238,14 @@ def train(
 ) -> RoundResult:
     parent_path = Path(parent.adapter_path) if parent.adapter_path else None
     return distributed.train(
-        groups,
-        base_model=base_model,
-        parent_adapter=parent_path,
-        checkpoint_root=settings.checkpoint_root,
-        name=name,
-        settings=settings.train,
+        distributed.RoundRequest(
+            groups=groups,
+            base_model=base_model,
+            parent_adapter=parent_path,
+            checkpoint_root=settings.checkpoint_root,
+            name=name,
+            settings=settings.train,
+        )
     )
 
 

@@ -92,7 +92,10 @@ def _save_attempts(session: Session, groups: list[tuple[int, Group]]) -> None:
     rows = []
     for group_id, group in groups:
         strategies = _strategy_ids(session, group.taskset, [a.strategy for a in group.attempts])
-        rows += [{"group_id": group_id, **attempt_columns(a, strategies)} for a in group.attempts]
+        rows += [
+            {"group_id": group_id, **without_nul(attempt_columns(a, strategies))}
+            for a in group.attempts
+        ]
     if not rows:
         return
     new = _insert_attempts(session, rows)
@@ -140,12 +143,24 @@ def _driver_rows(table: Any, rows: list[dict[str, Any]]) -> tuple[list[str], Ite
     as_json = [isinstance(table.c[name].type, JSON) for name in columns]
     values = (
         [
-            json.dumps(v) if j and v is not None else v
+            json.dumps(without_nul(v)) if j and v is not None else without_nul(v)
             for v, j in zip(row.values(), as_json, strict=True)
         ]
         for row in rows
     )
     return [f'"{name}"' for name in columns], values
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL character in its text replaced by U+FFFD: PostgreSQL's text and
+    JSON cannot hold NUL, and a model can sample it. Token ids keep what was sampled."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {key: without_nul(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    return value
 
 
 def _bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:

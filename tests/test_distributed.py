@@ -19,14 +19,13 @@ def groups() -> list:
 
 
 def train(model: Path, root: Path, name: str, processes: int, parent: Path | None = None):
+    settings = SETTINGS.model_copy(update={"processes": processes})
     return distributed.train(
-        groups(),
-        base_model=model,
-        parent_adapter=parent,
-        checkpoint_root=root,
-        name=name,
-        settings=SETTINGS.model_copy(update={"processes": processes}),
-    )
+        distributed.RoundRequest(
+            groups=groups(), base_model=model, parent_adapter=parent, checkpoint_root=root,
+            name=name, settings=settings,
+        )
+    )  # fmt: skip
 
 
 def test_two_processes_split_each_batch_and_publish_once(

@@ -22,6 +22,30 @@ def test_groups_round_trip_with_tokens_and_logprobs(db_url: str) -> None:
     assert loaded.attempts[0].sample.logprobs == [-1.0] * 5
 
 
+def test_text_a_model_sampled_with_nul_is_stored(db_url: str) -> None:
+    """PostgreSQL's text and JSON cannot hold NUL: it is stored as U+FFFD, on both databases."""
+    engine = store.open_store(db_url)
+    group = make_group([1.0, 0.0])
+    first = group.attempts[0]
+    assert first.sample is not None
+    nul = first.model_copy(
+        update={
+            "sample": first.sample.model_copy(update={"text": "a\x00b"}),
+            "messages": [{"role": "assistant", "content": "x\x00"}],
+            "answer": "\x00",
+        }
+    )
+    with store.transaction(engine) as session:
+        store.save_group(session, group.model_copy(update={"attempts": [nul, group.attempts[1]]}))
+    with store.transaction(engine) as session:
+        (loaded,) = store.load_groups(session, "train", round_index=1)
+    stored = loaded.attempts[0]
+    assert stored.sample is not None and stored.sample.text == "a\ufffdb"
+    assert stored.messages == [{"role": "assistant", "content": "x\ufffd"}]
+    assert stored.answer == "\ufffd"
+    assert stored.sample.completion_token_ids == first.sample.completion_token_ids
+
+
 def test_saving_twice_writes_once(db_url: str) -> None:
     engine = store.open_store(db_url)
     group = make_group([1.0, 0.0])

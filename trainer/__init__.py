@@ -2,7 +2,7 @@
 
 Public surface:
 - `trainer.round.train_round`, `RoundResult`: one round, resumable, published atomically.
-- `trainer.distributed.train`: a round in this process, or in one process per GPU (torchrun).
+- `trainer.distributed.train(RoundRequest)`: a round here, or in one process per GPU (torchrun).
 - `trainer.settings.TrainSettings`: a round's hyperparameters (no torch needed).
 - `trainer.dataset`: rows on the sampled token ids (`build_rows`, `member_advantages`).
 - `trainer.advantages`: GRPO, R3L and RLTLDR advantages. `trainer.errors.TrainerError`.

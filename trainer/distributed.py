@@ -1,4 +1,4 @@
-"""A round in several processes, one per GPU: `train` is the entry point of every round.
+"""A round in several processes, one per GPU: `train(RoundRequest)` is every round's entry.
 
 With `processes = 1` the round trains in this process. Above that, `train` writes the round's
 request (its groups, paths and settings) to a folder beside the checkpoints and starts
@@ -49,31 +49,16 @@ class RoundRequest(BaseModel):
     settings: TrainSettings
 
 
-def train(
-    groups: list[Group],
-    *,
-    base_model: Path,
-    parent_adapter: Path | None,
-    checkpoint_root: Path,
-    name: str,
-    settings: TrainSettings,
-) -> RoundResult:
+def train(request: RoundRequest) -> RoundResult:
     """`train_round` in this process, or across `settings.processes` processes."""
-    request = RoundRequest(
-        groups=groups,
-        base_model=base_model,
-        parent_adapter=parent_adapter,
-        checkpoint_root=checkpoint_root,
-        name=name,
-        settings=settings,
-    )
-    if settings.processes == 1:
+    processes, root = request.settings.processes, request.checkpoint_root
+    if processes == 1:
         return run(request)
-    checkpoint_root.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f".launch-{name}-", dir=checkpoint_root))
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".launch-{request.name}-", dir=root))
     try:
         (folder / REQUEST).write_text(request.model_dump_json())
-        _launch(folder / REQUEST, settings.processes)
+        _launch(folder / REQUEST, processes)
         return RoundResult.model_validate_json((folder / RESULT).read_text())
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -143,7 +143,7 @@ def _driver_rows(table: Any, rows: list[dict[str, Any]]) -> tuple[list[str], Ite
     as_json = [isinstance(table.c[name].type, JSON) for name in columns]
     values = (
         [
-            json.dumps(without_nul(v)) if j and v is not None else without_nul(v)
+            json.dumps(v) if j and v is not None else v
             for v, j in zip(row.values(), as_json, strict=True)
         ]
         for row in rows
@@ -166,7 +166,7 @@ def without_nul(value: Any) -> Any:
 def _bulk_insert(session: Session, table: Any, rows: list[dict[str, Any]]) -> None:
     """Many rows of one table in the caller's transaction, straight to the driver: COPY on
     PostgreSQL, one `executemany` on SQLite. Every row has the same keys."""
-    names, values = _driver_rows(table, rows)
+    names, values = _driver_rows(table, without_nul(rows))
     cursor = session.connection().connection.cursor()
     if session.get_bind().dialect.name == "postgresql":
         with cursor.copy(f"COPY {table.name} ({', '.join(names)}) FROM STDIN") as copy:

@@ -8,8 +8,9 @@ request (its groups, paths and settings) to a folder beside the checkpoints and 
 (the launcher `accelerate launch --multi_gpu` runs too). In each process TRL's trainer finds the
 process group through accelerate: every process builds the same rows, each batch is split across
 them and the gradients are averaged (NCCL on GPUs, gloo on CPU). The main process publishes the
-adapter and writes the result that `train` returns. A process that fails fails the round, with the
-end of its log in the error; the round's saves let the same name resume.
+adapter and writes the result that `train` returns. A process that fails fails the round with
+its own error (the end of the log when it could not say); the round's saves let the same name
+resume.
 """
 
 from __future__ import annotations

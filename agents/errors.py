@@ -9,6 +9,9 @@ A call can fail two ways, and they are kept apart because they mean different th
   timeout, a stall, a 5xx, a model it does not serve, a server that is not vLLM). It says
   nothing about the task, so it is never recorded as an attempt: it propagates, the group is
   abandoned, and whoever claimed the task gives it back to the queue.
+- `ServerBusy`, a kind of `ServerUnavailable`: a deadline passed while other requests shared the
+  server. The queue the client put on it was too long, which says nothing about this task
+  either, so a work queue gives the task back without counting it as the task's failure.
 """
 
 
@@ -22,3 +25,7 @@ class PolicyError(AgentError):
 
 class ServerUnavailable(AgentError):
     """The model server could not answer; the message names the server and says why."""
+
+
+class ServerBusy(ServerUnavailable):
+    """A deadline passed while other requests shared the server: load, not the task's failure."""

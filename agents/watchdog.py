@@ -18,6 +18,9 @@ own token counters rather than by a fixed timeout.
    gone, so nothing abandoned keeps the server busy. Nothing is sent again from here: the work
    queue retries whole groups, with backoff, so retries never pile onto a slow server.
 4. A server without `/metrics` (not vLLM) is watched by the deadline alone.
+5. A deadline that passes while other requests share the server raises `ServerBusy`: the queue
+   was longer than the server could serve in time (at `ceiling_s`, say), which is load, not the
+   task's failure. Alone on the server, a passed deadline is a plain `ServerUnavailable`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import anyio
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.errors import ServerUnavailable
+from agents.errors import ServerBusy, ServerUnavailable
 
 T = TypeVar("T")
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
@@ -88,13 +91,18 @@ class Watchdog:
             with anyio.fail_after(self.settings.ceiling_s):
                 return await self._watched(call, time.monotonic(), deadline)
         except TimeoutError:
-            raise ServerUnavailable(
-                f"{self._root} gave no answer in {self.settings.ceiling_s:.0f} s "
-                f"({self._in_flight} requests in flight)"
-            ) from None
+            raise self._no_answer(self.settings.ceiling_s) from None
         finally:
             self._in_flight -= 1
             self._tokens_ahead -= tokens
+
+    def _no_answer(self, waited_s: float) -> ServerUnavailable:
+        """A passed deadline: `ServerBusy` if other requests shared the server meanwhile."""
+        kind = ServerBusy if self._in_flight > 1 else ServerUnavailable
+        return kind(
+            f"{self._root} gave no answer in {waited_s:.0f} s "
+            f"({self._in_flight} requests in flight)"
+        )
 
     async def _watched(
         self, call: Callable[[], Awaitable[T]], started: float, deadline: float
@@ -124,10 +132,7 @@ class Watchdog:
                 now = time.monotonic()
                 deadline = max(deadline, self.deadline(0))  # the queue it shares now
                 if now - started >= deadline:
-                    raise ServerUnavailable(
-                        f"{self._root} gave no answer in {deadline:.0f} s "
-                        f"({self._in_flight} requests in flight)"
-                    )
+                    raise self._no_answer(deadline)
                 if now - self._checked >= self.settings.poll_s:
                     self._checked = now
                     await self._read(now)

@@ -16,9 +16,10 @@
 6. A group the server could not finish is not stored: its item goes back to the queue with
    backoff (`workqueue.give_back`). One probe decides whose failure it was: a server that still
    generates makes it the item's failure (counted, up to `max_failures`), a server that does not
-   makes it an outage (not counted). Before each lot the worker waits for the server to generate
-   with the lot's version (`flows.readiness`), up to `outage_s`; after that it stops with
-   `ServerUnavailable`, giving back everything it held.
+   makes it an outage (not counted). A deadline passed under load (`ServerBusy`) is never
+   counted: the queue was too long, not the task at fault. Before each lot the worker waits for
+   the server to generate with the lot's version (`flows.readiness`), up to `outage_s`; after
+   that it stops with `ServerUnavailable`, giving back everything it held.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from sqlalchemy import Engine
 
 from agents import outcome
 from agents.collector import collect_groups, first_failure
-from agents.errors import ServerUnavailable
+from agents.errors import ServerBusy, ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
@@ -280,7 +281,7 @@ async def _give_back(
     with store.transaction(engine) as session:
         for item_id, item in items.items():
             assert item_id is not None
-            counted = up[item.policy_version]
+            counted = up[item.policy_version] and not isinstance(failures[item_id], ServerBusy)
             state = workqueue.give_back(
                 session, item_id, owner, str(failures[item_id]), counted=counted,
                 retry_after_s=settings.backoff(item.failures + int(counted)),

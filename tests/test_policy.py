@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from agents.collector import collect_groups
-from agents.errors import PolicyError, ServerUnavailable
+from agents.errors import PolicyError, ServerBusy, ServerUnavailable
 from agents.policy import PolicyClient
 from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
@@ -178,6 +178,42 @@ def test_a_deadline_grows_with_the_requests_that_join_it() -> None:
     with pytest.raises(ServerUnavailable, match="gave no answer in 1 s"):
         anyio.run(main, 0)
     assert anyio.run(main, 20) == ["ok"] * 21
+
+
+def test_a_deadline_passed_under_load_is_busy_and_alone_is_not() -> None:
+    """At the ceiling with others in flight the queue was at fault (`ServerBusy`, which a work
+    queue does not count against the task); alone, the request itself was."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        await anyio.sleep(30)
+        return httpx.Response(200, json=completion("late", [1]))
+
+    async def main(requests: int) -> list[BaseException]:
+        client = PolicyClient(
+            "http://scripted",
+            watchdog=WatchdogSettings(poll_s=0.1, floor_s=0.3, ceiling_s=0.3),
+            http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
+        )
+        errors: list[BaseException] = []
+
+        async def one() -> None:
+            try:
+                await client.sample("m", MESSAGES, SAMPLING)
+            except ServerUnavailable as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(requests):
+                tg.start_soon(one)
+        return errors
+
+    alone = anyio.run(main, 1)
+    assert len(alone) == 1 and not isinstance(alone[0], ServerBusy)
+    crowded = anyio.run(main, 3)
+    assert len(crowded) == 3 and isinstance(crowded[0], ServerBusy), crowded
+    assert "3 requests in flight" in str(crowded[0])
 
 
 def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:

@@ -7,7 +7,10 @@ import multiprocessing
 import time
 from collections import Counter
 
+from sqlalchemy import select
+
 from memory import workqueue
+from memory.models import WorkItemRow
 from memory.records import WorkItem
 from memory.store import open_store, transaction
 
@@ -278,3 +281,32 @@ def test_a_group_from_a_merged_server_is_recorded_under_its_version() -> None:
     recorded = _as_version(group, "policy-r1")
     assert recorded.policy_version == "policy-r1"
     assert [a.policy_version for a in recorded.attempts] == ["policy-r1", "policy-r1", "reviewer"]
+
+
+def test_a_task_that_timed_out_under_load_is_given_back_uncounted(tmp_path) -> None:
+    """With the server up, a plain failure counts against the task and a `ServerBusy` (a
+    deadline passed under a long queue) does not: load never fails a task for good."""
+    import anyio
+
+    from agents.errors import ServerBusy, ServerUnavailable
+    from flows import worker
+
+    class Up:
+        def check(self, version: str) -> None:
+            return None
+
+    engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    with transaction(engine) as session:
+        workqueue.enqueue(session, items(2))
+    with workqueue.claiming(engine) as session:
+        lot = workqueue.claim(session, "w1", limit=2, lease_s=600)
+    busy, failing = (item.id or 0 for item in lot)
+    failures = {
+        busy: ServerBusy("gave no answer in 60 s (128 requests in flight)"),
+        failing: ServerUnavailable("answered 500"),
+    }
+    settings = worker.WorkerSettings(max_failures=1)
+    anyio.run(worker._give_back, engine, lot, failures, "w1", settings, Up())
+    with transaction(engine) as session:
+        states = {row.id: (row.state, row.failures) for row in session.scalars(select(WorkItemRow))}
+    assert states == {busy: ("queued", 0), failing: ("failed", 1)}

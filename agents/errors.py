@@ -28,4 +28,9 @@ class ServerUnavailable(AgentError):
 
 
 class ServerBusy(ServerUnavailable):
-    """A deadline passed while other requests shared the server: load, not the task's failure."""
+    """A deadline passed while other requests shared the server: load, not the task's failure.
+    `in_flight` is how many requests this client had on the server then."""
+
+    def __init__(self, message: str, in_flight: int) -> None:
+        super().__init__(message)
+        self.in_flight = in_flight

@@ -18,9 +18,9 @@ own token counters rather than by a fixed timeout.
    gone, so nothing abandoned keeps the server busy. Nothing is sent again from here: the work
    queue retries whole groups, with backoff, so retries never pile onto a slow server.
 4. A server without `/metrics` (not vLLM) is watched by the deadline alone.
-5. A deadline that passes while other requests share the server raises `ServerBusy`: the queue
-   was longer than the server could serve in time (at `ceiling_s`, say), which is load, not the
-   task's failure. Alone on the server, a passed deadline is a plain `ServerUnavailable`.
+5. A deadline cut short by `ceiling_s` (the queue in flight needed more, at the measured rate)
+   raises `ServerBusy` when it passes: load, not the task's failure. A request alone, or one
+   that outlived a deadline its queue did not explain, raises a plain `ServerUnavailable`.
 """
 
 from __future__ import annotations
@@ -74,8 +74,11 @@ class Watchdog:
         """Seconds a request of `tokens` (its prompt and `max_tokens`) may take with what is in
         flight now."""
         s = self.settings
-        expected = (self._tokens_ahead + tokens) / (self._rate or s.assumed_rate)
-        return min(max(s.floor_s, s.slack * expected), s.ceiling_s)
+        return min(max(s.floor_s, s.slack * self._expected_s(tokens)), s.ceiling_s)
+
+    def _expected_s(self, tokens: int) -> float:
+        """Seconds the server needs for what is in flight and `tokens` more, at its rate."""
+        return (self._tokens_ahead + tokens) / (self._rate or self.settings.assumed_rate)
 
     async def guard(
         self, call: Callable[[], Awaitable[T]], max_tokens: int, prompt_tokens: int = 0
@@ -97,12 +100,13 @@ class Watchdog:
             self._tokens_ahead -= tokens
 
     def _no_answer(self, waited_s: float) -> ServerUnavailable:
-        """A passed deadline: `ServerBusy` if other requests shared the server meanwhile."""
-        kind = ServerBusy if self._in_flight > 1 else ServerUnavailable
-        return kind(
-            f"{self._root} gave no answer in {waited_s:.0f} s "
-            f"({self._in_flight} requests in flight)"
-        )
+        """A passed deadline: `ServerBusy` where the queue it shared needed more than the
+        ceiling allows (load); else the request was slow on its own."""
+        crowd, s = self._in_flight, self.settings
+        message = f"{self._root} gave no answer in {waited_s:.0f} s ({crowd} requests in flight)"
+        if crowd > 1 and s.slack * self._expected_s(0) >= s.ceiling_s:
+            return ServerBusy(message, crowd)
+        return ServerUnavailable(message)
 
     async def _watched(
         self, call: Callable[[], Awaitable[T]], started: float, deadline: float

@@ -4,7 +4,9 @@ It sits between clients and a real model server, one request per connection, and
 request to a faulted route draws one of: pass it on, answer 503, stall (hold the connection
 open and answer nothing until the client gives up), or reset the connection (TCP RST before any
 answer), at the rates given. Other routes (`/metrics`, `/health`) always pass, so a watchdog
-behind it still sees the server's real progress. Counts of what it did are kept per kind.
+behind it still sees the server's real progress. Counts of what it did are kept per kind. A
+client that leaves before its answer closes the upstream connection too, so the server aborts
+the request as it would without the proxy.
 
     with FaultProxy(upstream, Faults(error=0.05, stall=0.02, reset=0.05)).running() as url:
 """
@@ -48,6 +50,7 @@ class FaultProxy:
         self._target = (parts.hostname or "127.0.0.1", parts.port or 80)
         self._random = random.Random(self.faults.seed)
         self._stalled: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()  # held: a pending task is not collected
 
     @contextmanager
     def running(self) -> Iterator[str]:
@@ -98,6 +101,15 @@ class FaultProxy:
         return "pass"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             length = _content_length(head)
@@ -122,9 +134,16 @@ class FaultProxy:
         elif kind == "reset":
             _reset(writer)
         else:
-            await self._forward(_close_after(head) + body, writer, drop=kind == "drop_answer")
+            request = _close_after(head) + body
+            await self._forward(request, reader, writer, drop=kind == "drop_answer")
 
-    async def _forward(self, request: bytes, writer: asyncio.StreamWriter, drop: bool) -> None:
+    async def _forward(
+        self,
+        request: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        drop: bool,
+    ) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
         except OSError:
@@ -132,10 +151,18 @@ class FaultProxy:
             return
         up_writer.write(request)
         await up_writer.drain()
+        answered = asyncio.ensure_future(up_reader.read())  # the upstream closes after one answer
+        left = asyncio.ensure_future(reader.read())  # the client sends no more: EOF if it leaves
         try:
-            answer = await up_reader.read()  # the upstream closes after one answer
+            await asyncio.wait({answered, left}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            up_writer.close()
+            for waiting in (answered, left):
+                waiting.cancel()
+            up_writer.close()  # answered, or the client gone: the server aborts what it runs
+        if not answered.done() or answered.cancelled():
+            writer.close()
+            return
+        answer = answered.result()
         if drop:  # the request took effect; its answer is lost on the way back
             _reset(writer)
             return

@@ -37,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
         server_url = args.server_url
         if server_url:
             preflight(settings.db_url, server_url, model_path.name)
-        else:
-            server_url = _start(servers, policy)
+        own = [policy] if not server_url else []
+        urls = _start(servers, [*own, *([reviewer] if reviewer is not None else [])])
+        server_url = server_url or urls[0]
         if reviewer is not None:
-            reviewer_url = _start(servers, reviewer)
+            reviewer_url = urls[-1]
             named = {"reviewer_url": reviewer_url, "reviewer_model": reviewer.served_name}
             settings = settings.model_copy(update={"reviewer": None, **named})
         server_seconds = time.monotonic() - started
@@ -75,15 +76,22 @@ def _server_settings(
     return side_by_side(policy, settings(reviewer_path, args.port + 1, "reviewer.log"))
 
 
-def _start(servers: contextlib.ExitStack, settings: Any) -> str:
-    """Start and supervise a model server until `servers` closes; its URL. A server that stays
-    down ends the run with its log's last lines."""
+def _start(servers: contextlib.ExitStack, settings: list[Any]) -> list[str]:
+    """Start model servers and supervise them until `servers` closes; their URLs. Every server
+    is launched before any is waited on, so servers side by side (each on cores of its own)
+    start together. A server that stays down ends the run with its log's last lines."""
     from serving.server import VllmServer
 
-    server = servers.enter_context(VllmServer(settings))
-    servers.enter_context(server.supervised())
-    servers.enter_context(_naming_log(server))
-    return server.url
+    started = [VllmServer(each) for each in settings]
+    for server in started:
+        servers.callback(server.close)
+        server.launch()
+    for server in started:
+        server.wait_healthy()
+    for server in started:
+        servers.enter_context(server.supervised())
+        servers.enter_context(_naming_log(server))
+    return [server.url for server in started]
 
 
 @contextlib.contextmanager

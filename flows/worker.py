@@ -17,9 +17,10 @@
    backoff (`workqueue.give_back`). One probe decides whose failure it was: a server that still
    generates makes it the item's failure (counted, up to `max_failures`), a server that does not
    makes it an outage (not counted). A deadline passed under load (`ServerBusy`) is never
-   counted: the queue was too long, not the task at fault. Before each lot the worker waits for
-   the server to generate with the lot's version (`flows.readiness`), up to `outage_s`; after
-   that it stops with `ServerUnavailable`, giving back everything it held.
+   counted: the queue was too long, not the task at fault. The worker then halves the requests
+   it keeps in flight, and grows them back by one a stored group (`_ease_off`). Before each lot
+   the worker waits for the server to generate with the lot's version (`flows.readiness`), up
+   to `outage_s`; after that it stops with `ServerUnavailable`, giving back everything it held.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import groupby
 
 import anyio
@@ -237,6 +238,8 @@ async def _collect_lot(
 
         def on_group(group: Group) -> None:
             nonlocal stored
+            if limiter.total_tokens < settings.concurrency:
+                limiter.total_tokens += 1  # the load eased off after a passed deadline grows back
             item, plan = plans[group.task_id]
             stored += _store_group(engine, group, item, plan)
             if on_stored is not None:
@@ -262,8 +265,25 @@ async def _collect_lot(
                 collecting.start_soon(collect_share, list(share))
         tg.cancel_scope.cancel()
     if failures:
+        _ease_off(limiter, failures.values())
         await _give_back(engine, lot, failures, owner, settings, readiness)
     return stored
+
+
+def _ease_off(limiter: anyio.CapacityLimiter, failures: Iterable[ServerUnavailable]) -> None:
+    """Deadlines that passed under load (`ServerBusy`): halve the requests this worker keeps in
+    flight, from the most that were in flight then. Each group stored adds one back, up to
+    `concurrency`, so a server slower than the load settles where its answers come in time."""
+    crowds = [failure.in_flight for failure in failures if isinstance(failure, ServerBusy)]
+    if not crowds:
+        return
+    eased = max(1, min(int(limiter.total_tokens), max(crowds)) // 2)
+    if eased < limiter.total_tokens:
+        log.warning(
+            "answers came too late with %d requests in flight: %d at most from now on",
+            max(crowds), eased,
+        )  # fmt: skip
+        limiter.total_tokens = eased
 
 
 async def _give_back(

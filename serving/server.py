@@ -111,6 +111,13 @@ class VllmServer:
         self.stop()
 
     def start(self) -> None:
+        """Launch the server and wait until it generates."""
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self) -> None:
+        """Start the server's process without waiting for it (`wait_healthy` does), so that
+        servers side by side start at the same time."""
         s = self.settings
         if self._closing.is_set():
             raise ServingError(f"the model server on {s.url} is closing")
@@ -134,7 +141,6 @@ class VllmServer:
         if self._closing.is_set():
             self.stop()
             raise ServingError(f"the model server on {s.url} is closing")
-        self.wait_healthy()
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s

@@ -115,11 +115,21 @@ def test_a_soak_of_256_agents_through_faults_stores_what_was_submitted(
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("through", ["direct", "fault proxy"])
 def test_a_request_past_its_deadline_is_aborted_on_the_server(
-    tiny_server: str, tiny_model_path: Path
+    tiny_server: str, tiny_model_path: Path, through: str
 ) -> None:
     """The client gives up and closes the connection; vLLM aborts the request, so it does not
-    keep generating for nobody (what made timed-out resends pile up before)."""
+    keep generating for nobody (what made timed-out resends pile up before). Through the fault
+    proxy too, which would otherwise keep the server busy under every chaos test."""
+    if through == "fault proxy":
+        with FaultProxy(tiny_server, Faults()).running() as url:
+            _abandon_a_request(url, tiny_server, tiny_model_path)
+    else:
+        _abandon_a_request(tiny_server, tiny_server, tiny_model_path)
+
+
+def _abandon_a_request(url: str, tiny_server: str, tiny_model_path: Path) -> None:
     import time
 
     import anyio
@@ -129,7 +139,7 @@ def test_a_request_past_its_deadline_is_aborted_on_the_server(
     from memory.records import SamplingSettings
 
     async def ask() -> None:
-        client = PolicyClient(tiny_server, watchdog=chaos.WatchdogSettings(floor_s=1, ceiling_s=1))
+        client = PolicyClient(url, watchdog=chaos.WatchdogSettings(floor_s=1, ceiling_s=1))
         try:
             messages = [{"role": "user", "content": "Count to a thousand."}]
             sampling = SamplingSettings(temperature=1.0, max_tokens=1800)

@@ -353,3 +353,40 @@ def test_a_reviewer_to_serve_and_a_running_one_exclude_each_other(tmp_path: Path
     args += ["--reviewer-url", "http://127.0.0.1:9", "--reviewer-model", "m"]
     assert main(args) == 2
     assert "reviewer" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_servers_side_by_side_are_all_launched_before_any_is_waited_on(monkeypatch) -> None:
+    """The policy's and the reviewer's servers start together: a run with a reviewer waits for
+    the slower start, not for both in a row; both are closed with the run."""
+    import contextlib
+
+    from flows import launch
+    from serving import server
+
+    calls: list[str] = []
+
+    class Recording:
+        def __init__(self, settings: str) -> None:
+            self.name, self.url = settings, f"http://{settings}"
+
+        def launch(self) -> None:
+            calls.append(f"launch {self.name}")
+
+        def wait_healthy(self) -> None:
+            calls.append(f"wait {self.name}")
+
+        def close(self) -> None:
+            calls.append(f"close {self.name}")
+
+        @contextlib.contextmanager
+        def supervised(self):
+            yield
+
+    monkeypatch.setattr(server, "VllmServer", Recording)
+    with contextlib.ExitStack() as servers:
+        urls = launch._start(servers, ["policy", "reviewer"])
+    assert urls == ["http://policy", "http://reviewer"]
+    assert calls == [
+        "launch policy", "launch reviewer", "wait policy", "wait reviewer",
+        "close reviewer", "close policy",
+    ]  # fmt: skip

@@ -181,8 +181,9 @@ def test_a_deadline_grows_with_the_requests_that_join_it() -> None:
 
 
 def test_a_deadline_passed_under_load_is_busy_and_alone_is_not() -> None:
-    """At the ceiling with others in flight the queue was at fault (`ServerBusy`, which a work
-    queue does not count against the task); alone, the request itself was."""
+    """Cut short by the ceiling with others in flight, the queue was at fault (`ServerBusy`,
+    which a work queue does not count against the task); alone, or past a deadline its queue
+    did not explain (a fast server), the request itself was."""
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
@@ -190,10 +191,11 @@ def test_a_deadline_passed_under_load_is_busy_and_alone_is_not() -> None:
         await anyio.sleep(30)
         return httpx.Response(200, json=completion("late", [1]))
 
-    async def main(requests: int) -> list[BaseException]:
+    async def main(requests: int, rate: float = 4.0) -> list[BaseException]:
+        watchdog = WatchdogSettings(poll_s=0.1, floor_s=0.3, ceiling_s=0.3, assumed_rate=rate)
         client = PolicyClient(
             "http://scripted",
-            watchdog=WatchdogSettings(poll_s=0.1, floor_s=0.3, ceiling_s=0.3),
+            watchdog=watchdog,
             http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
         )
         errors: list[BaseException] = []
@@ -213,7 +215,9 @@ def test_a_deadline_passed_under_load_is_busy_and_alone_is_not() -> None:
     assert len(alone) == 1 and not isinstance(alone[0], ServerBusy)
     crowded = anyio.run(main, 3)
     assert len(crowded) == 3 and isinstance(crowded[0], ServerBusy), crowded
-    assert "3 requests in flight" in str(crowded[0])
+    assert "3 requests in flight" in str(crowded[0]) and crowded[0].in_flight == 3
+    unexplained = anyio.run(main, 3, 1e4)  # a queue of well under 0.1 s at this rate
+    assert len(unexplained) == 3 and not any(isinstance(e, ServerBusy) for e in unexplained)
 
 
 def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:

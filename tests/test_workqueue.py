@@ -302,7 +302,7 @@ def test_a_task_that_timed_out_under_load_is_given_back_uncounted(tmp_path) -> N
         lot = workqueue.claim(session, "w1", limit=2, lease_s=600)
     busy, failing = (item.id or 0 for item in lot)
     failures = {
-        busy: ServerBusy("gave no answer in 60 s (128 requests in flight)"),
+        busy: ServerBusy("gave no answer in 60 s (128 requests in flight)", 128),
         failing: ServerUnavailable("answered 500"),
     }
     settings = worker.WorkerSettings(max_failures=1)
@@ -310,3 +310,23 @@ def test_a_task_that_timed_out_under_load_is_given_back_uncounted(tmp_path) -> N
     with transaction(engine) as session:
         states = {row.id: (row.state, row.failures) for row in session.scalars(select(WorkItemRow))}
     assert states == {busy: ("queued", 0), failing: ("failed", 1)}
+
+
+def test_a_worker_whose_answers_came_too_late_under_load_halves_its_load() -> None:
+    """From the most requests in flight when deadlines passed, not from the limit it had; a
+    plain failure (the server down, a 500) leaves the load alone."""
+    import anyio
+
+    from agents.errors import ServerBusy, ServerUnavailable
+    from flows.worker import _ease_off
+
+    async def eased(limit: int, failures: list[ServerUnavailable]) -> float:
+        limiter = anyio.CapacityLimiter(limit)
+        _ease_off(limiter, failures)
+        return limiter.total_tokens
+
+    late = [ServerBusy("late", 128), ServerBusy("late", 90), ServerUnavailable("answered 500")]
+    assert anyio.run(eased, 256, late) == 64
+    assert anyio.run(eased, 40, late) == 20
+    assert anyio.run(eased, 1, late) == 1
+    assert anyio.run(eased, 256, [ServerUnavailable("connection refused")]) == 256

@@ -35,9 +35,10 @@ def completion(text: str, token_ids: list[int] | None, finish: str = "stop") -> 
     return body
 
 
-def client_for(handler) -> PolicyClient:
+def client_for(handler, watchdog: WatchdogSettings | None = None) -> PolicyClient:
     transport = httpx.MockTransport(handler)
-    return PolicyClient("http://scripted", http_client=httpx.AsyncClient(transport=transport))
+    http = httpx.AsyncClient(transport=transport)
+    return PolicyClient("http://scripted", watchdog=watchdog, http_client=http)
 
 
 SAMPLING = SamplingSettings(temperature=0.7, max_tokens=8)
@@ -130,12 +131,7 @@ def test_a_request_past_its_deadline_ends_and_is_not_sent_again() -> None:
         return httpx.Response(200, json=completion("late", [1]))
 
     async def main() -> None:
-        transport = httpx.MockTransport(handler)
-        client = PolicyClient(
-            "http://scripted",
-            watchdog=WatchdogSettings(floor_s=0.5, ceiling_s=0.5),
-            http_client=httpx.AsyncClient(transport=transport),
-        )
+        client = client_for(handler, WatchdogSettings(floor_s=0.5, ceiling_s=0.5))
         await client.sample("m", MESSAGES, SAMPLING)
 
     with pytest.raises(ServerUnavailable, match="gave no answer in 0 s"):
@@ -155,11 +151,7 @@ def test_a_deadline_grows_with_the_requests_that_join_it() -> None:
 
     async def main(companions: int) -> list[str]:
         watchdog = WatchdogSettings(poll_s=0.2, floor_s=1.0, ceiling_s=10.0, assumed_rate=100)
-        client = PolicyClient(
-            "http://scripted",
-            watchdog=watchdog,
-            http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
-        )
+        client = client_for(handler, watchdog)
         texts: list[str] = []
 
         async def one() -> None:
@@ -193,11 +185,7 @@ def test_a_deadline_passed_under_load_is_busy_and_alone_is_not() -> None:
 
     async def main(requests: int, rate: float = 4.0) -> list[BaseException]:
         watchdog = WatchdogSettings(poll_s=0.1, floor_s=0.3, ceiling_s=0.3, assumed_rate=rate)
-        client = PolicyClient(
-            "http://scripted",
-            watchdog=watchdog,
-            http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
-        )
+        client = client_for(handler, watchdog)
         errors: list[BaseException] = []
 
         async def one() -> None:
@@ -334,11 +322,8 @@ def test_a_long_prompt_gets_the_time_its_tokens_take() -> None:
         return httpx.Response(200, json={**body, "choices": [choice]})
 
     async def main(prompt_length: int) -> str:
-        client = PolicyClient(
-            "http://scripted",
-            watchdog=WatchdogSettings(poll_s=0.2, floor_s=1.0, slack=1.0, assumed_rate=100),
-            http_client=httpx.AsyncClient(transport=httpx.MockTransport(handler)),
-        )
+        watchdog = WatchdogSettings(poll_s=0.2, floor_s=1.0, slack=1.0, assumed_rate=100)
+        client = client_for(handler, watchdog)
         return (await client.complete_ids("m", [1] * prompt_length, SAMPLING)).text
 
     with pytest.raises(ServerUnavailable, match="gave no answer in 1 s"):

@@ -61,7 +61,7 @@ class WorkerSettings(BaseModel):
 
     lease_s: float = Field(120.0, gt=0, description="how long a claim holds without renewal")
     lot_size: int = Field(16, ge=1, description="items claimed at a time")
-    lots_in_flight: int = Field(2, ge=1, description="lots collected at once")
+    lots_in_flight: int = Field(2, ge=1, description="lots' worth of tasks collected at once")
     poll_s: float = Field(2.0, gt=0, description="wait between claims when nothing is free")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     max_failures: int = Field(3, ge=1, description="failures of a task, server up, before it fails")
@@ -169,28 +169,39 @@ async def work(
     on_stored: Callable[[Group], None] | None = None,
 ) -> int:
     """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
-    of groups this worker stored. `lots_in_flight` lots run at once, so the server stays busy
-    while a lot waits on its slowest group."""
+    of groups this worker stored. `lots_in_flight` lots' worth of tasks are open at once, and
+    a lot is claimed as soon as there is room for it, not when a whole lot ends, so the server
+    stays busy while a lot waits on its slowest groups (a reviewer's revision, a retry)."""
     client = PolicyClient(server_url, watchdog=settings.watchdog)
     limiter = anyio.CapacityLimiter(settings.concurrency)
     readiness = Readiness(engine, server_url, settings.outage_s)
-    stored, running = 0, 0
+    stored, open_items = 0, 0  # items claimed, neither stored nor given back yet
+    room = settings.lot_size * settings.lots_in_flight
 
     async def run_lot(lot: list[WorkItem]) -> None:
-        nonlocal stored, running
+        nonlocal stored, open_items
+        left = len(lot)
+
+        def finished(group: Group) -> None:
+            nonlocal open_items, left
+            open_items, left = open_items - 1, left - 1
+            if on_stored is not None:
+                on_stored(group)
+
         try:
             for version in sorted({item.policy_version for item in lot}):
                 await readiness.ensure(version)
-            stored += await _collect_lot(
-                engine, client, lot, owner, settings, limiter, reviewer, on_stored, readiness
+            count = await _collect_lot(
+                engine, client, lot, owner, settings, limiter, reviewer, finished, readiness
             )
+            stored += count  # not `stored += await`: that reads `stored` before lots overlap
         finally:
-            running -= 1
+            open_items -= left
 
     try:
         async with anyio.create_task_group() as tg:
             while True:
-                if running >= settings.lots_in_flight:
+                if open_items + settings.lot_size > room:
                     await anyio.sleep(0.05)
                     continue
                 if until():
@@ -202,9 +213,9 @@ async def work(
                         session, owner, settings.lot_size, settings.lease_s, batch
                     )
                 if not lot:
-                    await anyio.sleep(settings.poll_s if running == 0 else 0.2)
+                    await anyio.sleep(settings.poll_s if open_items == 0 else 0.2)
                     continue
-                running += 1
+                open_items += len(lot)
                 tg.start_soon(run_lot, lot)
     except* ServerUnavailable as outage:  # the server stayed down: the worker stops
         raise first_failure(outage) from None

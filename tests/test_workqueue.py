@@ -330,3 +330,62 @@ def test_a_worker_whose_answers_came_too_late_under_load_halves_its_load() -> No
     assert anyio.run(eased, 40, late) == 20
     assert anyio.run(eased, 1, late) == 1
     assert anyio.run(eased, 256, [ServerUnavailable("connection refused")]) == 256
+
+
+def test_a_lot_is_claimed_while_earlier_lots_wait_on_their_slowest_groups(
+    tmp_path, monkeypatch
+) -> None:
+    """Two lots of two, each with one slow group (a revision, say): as soon as the fast groups
+    are stored there is room for a lot, and the third lot is collected while both wait."""
+    import types
+
+    import anyio
+
+    from agents.settings import CollectSettings
+    from flows import worker
+    from verifiers.reasoning import train_tasks
+
+    engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
+    tasks = train_tasks("arithmetic", 6, seed=5, held_out=[])
+    slow = {tasks[0].task_id, tasks[2].task_id}
+    plan = worker.Plan(task=tasks[0], sampling=CollectSettings(group_size=2))
+    with transaction(engine) as session:
+        workqueue.enqueue(
+            session, worker.plan_items(BATCH, tasks, lambda t: plan.model_copy(update={"task": t}))
+        )
+    stored: list[str] = []
+
+    fast_ones: dict[str, anyio.Event] = {}
+
+    async def collect_groups(client, tasks, *, on_group, **kwargs) -> None:
+        fast_stored = fast_ones.setdefault("stored", anyio.Event())
+
+        async def one(task) -> None:
+            if task.task_id in slow:
+                await fast_stored.wait()  # the slow ones end once the third lot is stored
+            on_group(types.SimpleNamespace(task_id=task.task_id))
+            if len(stored) == 4:
+                fast_stored.set()
+
+        async with anyio.create_task_group() as tg:
+            for task in tasks:
+                tg.start_soon(one, task)
+
+    async def ready(*args, **kwargs) -> None:
+        return None
+
+    monkeypatch.setattr(worker, "collect_groups", collect_groups)
+    monkeypatch.setattr(worker, "_store_group", lambda engine, group, item, plan: 1)
+    monkeypatch.setattr(worker.Readiness, "ensure", ready)
+    settings = worker.WorkerSettings(lot_size=2, lots_in_flight=2, poll_s=0.05)
+
+    async def run() -> int:
+        with anyio.fail_after(10):  # claimed only when a whole lot ended, it would never end
+            return await worker.work(
+                engine, "http://127.0.0.1:9", owner="w1", settings=settings,
+                until=lambda: len(stored) == 6, batch=BATCH,
+                on_stored=lambda group: stored.append(group.task_id),
+            )  # fmt: skip
+
+    assert anyio.run(run) == 6
+    assert set(stored[-2:]) == slow

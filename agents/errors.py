@@ -9,9 +9,9 @@ A call can fail two ways, and they are kept apart because they mean different th
   timeout, a stall, a 5xx, a model it does not serve, a server that is not vLLM). It says
   nothing about the task, so it is never recorded as an attempt: it propagates, the group is
   abandoned, and whoever claimed the task gives it back to the queue.
-- `ServerBusy`, a kind of `ServerUnavailable`: a deadline passed while other requests shared the
-  server. The queue the client put on it was too long, which says nothing about this task
-  either, so a work queue gives the task back without counting it as the task's failure.
+- `ServerBusy`, a kind of `ServerUnavailable`: a deadline the client's ceiling cut short, because
+  the queue of requests it shared needed longer. That load says nothing about this task either,
+  so a work queue gives the task back without counting it as the task's failure.
 """
 
 
@@ -28,7 +28,7 @@ class ServerUnavailable(AgentError):
 
 
 class ServerBusy(ServerUnavailable):
-    """A deadline passed while other requests shared the server: load, not the task's failure.
+    """A deadline the ceiling cut short under a long queue: load, not the task's failure.
     `in_flight` is how many requests this client had on the server then."""
 
     def __init__(self, message: str, in_flight: int) -> None:

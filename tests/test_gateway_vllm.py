@@ -243,12 +243,23 @@ BALANCE_TOOL = {
 }
 
 
+def forced(text: str, call: str = '{"name": "get_balance", "arguments": ') -> bool:
+    """Whether `text` is the start of a Hermes call of the tool, or holds it whole: the random
+    model often spells the forced call a character a token, so `max_tokens` can end it anywhere."""
+    body = text.removeprefix("<tool_call>").lstrip()
+    return (
+        text.startswith("<tool_call>")
+        and len(body) > 10
+        and (call.startswith(body) or body.startswith(call))
+    )
+
+
 def test_an_openai_client_calls_tools_through_the_gateway(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     """`tools` with tool_choice auto, required and named, through the gateway: accepted, and a
     forced choice constrains the reply to a call of that tool (the random model then fills the
-    arguments with whitespace until `max_tokens`, so it is read from the text); a conversation
+    arguments until `max_tokens`, so it is read from the text); a conversation
     that carries tool calls and their results renders and is answered."""
     import openai
 
@@ -258,15 +269,14 @@ def test_an_openai_client_calls_tools_through_the_gateway(
     with running(create_app(settings, engine), port=free_port()) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="user-key", max_retries=0)
         ask = [{"role": "user", "content": "What is the balance of account a?"}]
-        common = {"model": "policy", "messages": ask, "tools": [BALANCE_TOOL], "max_tokens": 24}
+        common = {"model": "policy", "messages": ask, "tools": [BALANCE_TOOL], "max_tokens": 48}
         auto = client.chat.completions.create(**common, tool_choice="auto")
         assert auto.choices[0].message.role == "assistant"
         named = {"type": "function", "function": {"name": "get_balance"}}
         for choice in ("required", named):
             answer = client.chat.completions.create(**common, tool_choice=choice).choices[0]
             calls, text = answer.message.tool_calls, answer.message.content or ""
-            forced = text.startswith("<tool_call>") and '"name": "get_balance"' in text
-            assert [c.function.name for c in calls or []] == ["get_balance"] or forced, answer
+            assert [c.function.name for c in calls or []] == ["get_balance"] or forced(text), answer
         call = {"id": "call-1", "type": "function",
                 "function": {"name": "get_balance", "arguments": '{"account": "a"}'}}  # fmt: skip
         follow = [

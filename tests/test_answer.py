@@ -27,3 +27,22 @@ def test_extraction_resists_format_hacks(text: str, answer: str | None, format_o
     result = extract_answer(text)
     assert result.answer == answer
     assert result.format_ok is format_ok
+
+
+@pytest.mark.parametrize(
+    ("text", "stated", "contradicted"),
+    [
+        ("7 - 9 = -2. <answer>-2</answer>", "-2", False),
+        ("7 - 9 = 2. <answer>-2</answer>", "2", True),
+        ("(-4) * 2 = (-8) <answer>-8.0</answer>", "-8", False),
+        ("x = 7 - 4 = 3.\n<answer>4</answer>", "3", True),
+        ("7 - 9 = 2, so the answer is <answer>-2</answer>", None, False),
+        ("the sum is = 5 <answer>five</answer>", "5", False),
+        ("<answer>3</answer>", None, False),
+    ],
+)
+def test_the_result_the_working_ends_on_is_read(
+    text: str, stated: str | None, contradicted: bool
+) -> None:
+    result = extract_answer(text)
+    assert (result.stated, result.contradicted) == (stated, contradicted)

@@ -34,6 +34,15 @@ def test_verify_rewards_only_correct_answers() -> None:
     assert (hacked.reward, hacked.correct) == (0.0, False)
 
 
+def test_a_correct_answer_its_own_working_contradicts_earns_nothing() -> None:
+    task = next(t for t in eval_tasks("arithmetic", 32) if int(t.answer) < 0)
+    flipped = verify(task, f"so = {-int(task.answer)}. <answer>{task.answer}</answer>")
+    faithful = verify(task, f"so = {task.answer}. <answer>{task.answer}</answer>")
+    assert (flipped.reward, flipped.correct) == (0.0, True)
+    assert flipped.reason == f"correct, but the working before it ends in = {-int(task.answer)}"
+    assert (faithful.reward, faithful.correct) == (1.0, True)
+
+
 @pytest.mark.parametrize(
     ("reply", "correct"),
     [("<answer>x = {a}</answer>", True), ("<answer>{a}.0</answer>", True),

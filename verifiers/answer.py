@@ -7,6 +7,9 @@
    earns nothing.
 4. With no tags at all, the last number in the text is taken as an unformatted answer, so that
    correctness can be measured on a model that has not learned the format yet.
+5. The working's own result is read too: a tagged answer right after `... = 7.` that is not 7
+   contradicts it (`Extraction.contradicted`). Reward-only verifiers pay such a lucky answer as
+   if its working were right, which teaches a model that the answer is free of the working.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ CLOSE_TAG = re.compile(r"</answer>", re.IGNORECASE)
 TAGGED = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 FENCED = re.compile(r"```.*?(?:```|$)", re.DOTALL)
+STATED = re.compile(r"=\s*\(?\s*(-?\d+(?:\.\d+)?)\s*\)?\s*\.?\s*$")
 
 
 class Extraction(BaseModel):
@@ -28,6 +32,14 @@ class Extraction(BaseModel):
     answer: str | None
     format_ok: bool
     reason: str
+    stated: str | None = None  # the number the working ends on, right before the answer tag
+
+    @property
+    def contradicted(self) -> bool:
+        """Whether the tagged answer is a number other than the one its working ends on."""
+        if self.stated is None or self.answer is None or not NUMBER.fullmatch(self.answer):
+            return False
+        return float(self.stated) != float(self.answer)
 
 
 def extract_answer(text: str) -> Extraction:
@@ -47,7 +59,13 @@ def extract_answer(text: str) -> Extraction:
     content = match.group(1).strip()
     if not content:
         return Extraction(answer=None, format_ok=False, reason="empty answer")
-    return Extraction(answer=content, format_ok=True, reason="tagged answer")
+    stated = STATED.search(text[: match.start()])
+    return Extraction(
+        answer=content,
+        format_ok=True,
+        reason="tagged answer",
+        stated=stated.group(1) if stated else None,
+    )
 
 
 def _last_number(text: str) -> Extraction:

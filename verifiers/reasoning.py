@@ -8,6 +8,9 @@
    math presets, by symbolic equivalence with math-verify ("x = 13", "13.0" and "26/2" all match
    13). Extracted answers longer than `MAX_MATH_ANSWER` are not parsed: sympy must not be handed
    a model-sized expression to chew on.
+4. A correct answer that contradicts the working right before it (`7 - 9 = 2. <answer>-2`)
+   counts for pass@1 but earns no reward: rewarded, such answers taught a round that an
+   answer's sign is free of its working, and it lost 29 held-out tasks to flipped signs.
 """
 
 from __future__ import annotations
@@ -123,12 +126,15 @@ def verify(task: Task, completion: str) -> Verdict:
         )
     correct = _correct(task, extraction.answer)
     reward = (1.0 if extraction.format_ok else UNFORMATTED_CREDIT) if correct else 0.0
+    reason = ("correct" if correct else "wrong") + f", {extraction.reason}"
+    if correct and extraction.contradicted:
+        reward, reason = 0.0, f"correct, but the working before it ends in = {extraction.stated}"
     return Verdict(
         reward=reward,
         correct=correct,
         format_ok=extraction.format_ok,
         answer=extraction.answer,
-        reason=("correct" if correct else "wrong") + f", {extraction.reason}",
+        reason=reason,
     )
 
 

@@ -8,7 +8,9 @@ down (negative advantage) and the advantage mass each way, the share of those ro
 distill copies (trained under a prompt they were not sampled in, without an importance weight),
 the bare success rate of its train groups, and, where the trainer recorded them, the KL from the
 sampling policy over the first and last tenth of the steps and the share of sampled tokens past
-PPO's trust region.
+PPO's trust region. "Lucky" is the share of correct train attempts whose answer contradicts the
+working right before it (`7 - 9 = 2. <answer>-2`), and "contra" the share of the new version's
+held-out answers that do.
 
     .venv/bin/python bench/rounds.py --db sqlite:///RUN/flywheel.db [--json PATH]
 """
@@ -27,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
-from memory.records import Group, TrainingRound  # noqa: E402
+from memory.records import Attempt, Group, TrainingRound  # noqa: E402
 from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts  # noqa: E402
 from trainer.settings import TrainSettings  # noqa: E402
+from verifiers.answer import extract_answer  # noqa: E402
 
 
 def main() -> None:
@@ -51,6 +54,7 @@ def diagnose(session: Any, record: TrainingRound) -> dict[str, Any]:
     rows = build_rows(groups, TrainSettings(**record.hyperparameters))
     parent = _solved(session, record.policy_in)
     child = _solved(session, record.policy_out or "")
+    held_out = store.load_groups(session, "eval", policy_version=record.policy_out or "")
     common = parent.keys() & child.keys()
     return {
         "round": record.round_index,
@@ -63,6 +67,8 @@ def diagnose(session: Any, record: TrainingRound) -> dict[str, Any]:
         "contexts": context_counts(rows),
         **token_mass(rows),
         "bare_success": _bare_success(groups),
+        "lucky": _contradicted([a for g in groups for a in g.attempts if a.correct]),
+        "contradicted": _contradicted([a for g in held_out for a in g.attempts[:1]]),
         **{k: record.metrics.get(k) for k in ("kl_first", "kl_last", "outside_share")},
     }
 
@@ -99,9 +105,14 @@ def _bare_success(groups: list[Group]) -> float | None:
     return statistics.fmean(bare) if bare else None
 
 
+def _contradicted(attempts: list[Attempt]) -> float | None:
+    flags = [extract_answer(a.sample.text).contradicted for a in attempts if a.sample]
+    return statistics.fmean(flags) if flags else None
+
+
 def print_table(figures: list[dict[str, Any]]) -> None:
     header = ["round", "parent", "pass@1", "gained/lost", "rows", "distill", "tokens down"]
-    header += ["mass up/down", "bare ok", "KL first/last", "outside"]
+    header += ["mass up/down", "bare ok", "lucky", "contra", "KL first/last", "outside"]
 
     def num(value: float | None, fmt: str = ".3f") -> str:
         return "-" if value is None else format(value, fmt)
@@ -111,7 +122,7 @@ def print_table(figures: list[dict[str, Any]]) -> None:
             str(f["round"]), num(f["parent_pass_at_1"]), num(f["pass_at_1"]),
             f"+{f['gained']}/-{f['lost']}", str(f["rows"]), num(f["distill_share"], ".2f"),
             num(f["negative_share"], ".2f"), f"{f['mass_up']:.0f}/{f['mass_down']:.0f}",
-            num(f["bare_success"], ".2f"),
+            num(f["bare_success"], ".2f"), num(f["lucky"], ".2f"), num(f["contradicted"], ".2f"),
             f"{num(f['kl_first'], '.4f')}/{num(f['kl_last'], '.4f')}",
             num(f["outside_share"], ".2f"),
         ]

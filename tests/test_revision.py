@@ -22,6 +22,7 @@ from tests.test_policy import client_for
 from trainer.dataset import IGNORE, build_rows, member_advantages
 from trainer.round import PolicyGradientTrainer
 from trainer.settings import TrainSettings
+from verifiers.catalog import worked_example
 
 GRPO = TrainSettings(mode="grpo", max_length=64)
 WRONG = "<answer>999</answer>"
@@ -62,6 +63,8 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
     assert "999" in shown and "reward 0" in shown and TASK.answer not in shown.replace("999", "")
     assert shown.startswith("Instructions: ") and "answer tags" in shown  # the form to answer in
     assert asked["temperature"] == REVISE_TEMPERATURE
+    question, solution = worked_example(TASK.taskset)  # the form to answer in, and how briefly
+    assert asked["messages"][0]["content"].endswith(f"task: {question}\nExample answer: {solution}")
     # The policy's server tokenised the fix as its own answer, open and closed: the ids are
     # the open turn's, then the one end-of-turn token the closed turn adds.
     opened, closed = sorted(seen["tokenize"], key=lambda b: "continue_final_message" in b)[::-1]

@@ -110,15 +110,20 @@ def review_messages(
     feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
     if attempt.feedback:
         feedback += "\nIts feedback:\n" + "\n".join(f"- {line}" for line in attempt.feedback)
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": review_prompt(question, text, feedback, instructions)},
+    ]
+
+
+def review_prompt(question: str, text: str, verdict: str, instructions: str | None) -> str:
+    """What a reviewer is shown of one attempt: the task, the attempt's text and the verdict."""
     task = (
         f"Task: {question}"
         if instructions is None
         else f"Instructions: {instructions}\n\nTask: {question}"
     )
-    return [
-        {"role": "system", "content": system},
-        {"role": "user", "content": f"{task}\n\nAttempt: {text}\n\n{feedback}"},
-    ]
+    return f"{task}\n\nAttempt: {text}\n\n{verdict}"
 
 
 def parse_reply(record: type[Reply], text: str, what: str) -> Reply | str:

@@ -7,8 +7,9 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
    answer must take), the attempt and the verifier's verdict and feedback lines, never the
    reference answer, and rewrites the answer at temperature 0.3: it solves the task itself,
    keeps what is right, and answers in the instructions' form. Where the task set has a worked
-   example, the reviewer is shown it and answers as briefly: a revision in the policy's own
-   form costs a fifth of the reviewer's tokens, and the policy learns it more readily.
+   example, the reviewer's prompt opens with it as an earlier turn (the example task with no
+   attempt, answered by the example's solution), and the reviewer answers as briefly: in the
+   policy's own form, with a fifth of the tokens it writes when told to be brief.
 3. The revision is verified like any answer. Its text is tokenised by the policy's server as the
    policy's own answer to the bare prompt, closed by the template's end-of-turn token, so
    training can score it token for token. The reviewer's sampling probabilities belong
@@ -24,7 +25,7 @@ from agents.attempt import bare_prompt_ids
 from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import Endpoint
-from agents.reflection import review_messages
+from agents.reflection import review_messages, review_prompt
 from memory.records import FIRST_KINDS, FULL_REWARD, Attempt, Sample, SamplingSettings
 from verifiers.catalog import averify, has_worked_example, is_episodic, worked_example
 from verifiers.task import Task
@@ -35,9 +36,7 @@ REVISE_SYSTEM = (
     "Do not comment on the old answer."
 )
 REVISE_TEMPERATURE = 0.3
-EXAMPLE_NOTE = (
-    "Answer as briefly as this solved example does.\nExample task: {}\nExample answer: {}"
-)
+NO_ANSWER = "The verifier gave reward 0: no answer."
 
 
 def revisable(attempts: list[Attempt]) -> Attempt | None:
@@ -49,11 +48,16 @@ def revisable(attempts: list[Attempt]) -> Attempt | None:
     return max(firsts, key=lambda a: (a.reward, -a.sample_index))
 
 
-def revise_system(task: Task) -> str:
-    """The reviewer's instructions, with the task set's worked example when it has one."""
+def revise_messages(task: Task, parent: Attempt, instructions: str | None) -> Messages:
+    """The reviewer's prompt: the task, the attempt and its verdict, after the task set's worked
+    example as a turn of its own where it has one."""
+    asked = review_messages(REVISE_SYSTEM, task.question, parent, instructions)
     if is_episodic(task.taskset) or not has_worked_example(task.taskset):
-        return REVISE_SYSTEM
-    return f"{REVISE_SYSTEM}\n\n{EXAMPLE_NOTE.format(*worked_example(task.taskset))}"
+        return asked
+    question, solution = worked_example(task.taskset)
+    shown = review_prompt(question, "", NO_ANSWER, instructions)
+    example = [{"role": "user", "content": shown}, {"role": "assistant", "content": solution}]
+    return [asked[0], *example, asked[1]]
 
 
 def instructions(bare: Messages) -> str | None:
@@ -70,7 +74,7 @@ async def revise(
     parent = revisable(attempts)
     if parent is None:
         return []
-    messages = review_messages(revise_system(task), task.question, parent, instructions(bare))
+    messages = revise_messages(task, parent, instructions(bare))
     sampling = SamplingSettings(temperature=REVISE_TEMPERATURE, max_tokens=max_tokens)
     record = {
         "sample_index": parent.sample_index,

@@ -59,12 +59,15 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
     assert revision.policy_version == "judge-model" and revision.context == "revision"
     # The reviewer saw the attempt and the verdict, never the reference, at HeRL's temperature.
     (asked,) = seen["reviewer"]
-    shown = asked["messages"][1]["content"]
+    shown = asked["messages"][-1]["content"]
     assert "999" in shown and "reward 0" in shown and TASK.answer not in shown.replace("999", "")
     assert shown.startswith("Instructions: ") and "answer tags" in shown  # the form to answer in
     assert asked["temperature"] == REVISE_TEMPERATURE
-    question, solution = worked_example(TASK.taskset)  # the form to answer in, and how briefly
-    assert asked["messages"][0]["content"].endswith(f"task: {question}\nExample answer: {solution}")
+    # Before it, the task set's worked example as a turn of its own: how briefly to answer.
+    question, solution = worked_example(TASK.taskset)
+    example = [m["content"] for m in asked["messages"][1:3]]
+    assert question in example[0] and "Attempt: \n" in example[0] and example[1] == solution
+    assert [m["role"] for m in asked["messages"]] == ["system", "user", "assistant", "user"]
     # The policy's server tokenised the fix as its own answer, open and closed: the ids are
     # the open turn's, then the one end-of-turn token the closed turn adds.
     opened, closed = sorted(seen["tokenize"], key=lambda b: "continue_final_message" in b)[::-1]

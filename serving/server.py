@@ -8,7 +8,9 @@
    weights; whoever needs a version serves it again (`flows.readiness`).
 2. Healthy means `/health` answers 200 *and* a 1-token generation succeeds: a dead engine can still
    answer some routes. A probe that times out on a busy server still counts as alive when the
-   engine's generated-token counter (`/metrics`) moved since the last probe.
+   engine's generated-token counter (`/metrics`) moved since the last probe, or when the
+   server's processes computed on a quarter of a core since then: one scheduler step of a long
+   prefill on one core can outlast several probes without a token to show for it.
 3. Tool calls work the OpenAI way (`tools`, `tool_choice` auto, required or named): the server
    parses `<tool_call>` blocks into `tool_calls` (vLLM's `hermes` parser, the format of the Qwen2.5
    template). A model whose chat template ignores tools, SmolLM2's, is served with its twin from
@@ -42,6 +44,7 @@ from serving.errors import ServingError
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 8
+BUSY_CORES = 0.25  # a server computing on a quarter of a core between probes is busy, not hung
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TOOL_TEMPLATES = {  # the sha256 of a chat template that ignores tools: its twin with tools
     "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788": "smollm2_tools.jinja",
@@ -82,6 +85,7 @@ class VllmServer:
         self.settings = settings
         self._process: subprocess.Popen[bytes] | None = None
         self._generated: float | None = None
+        self._cpu: tuple[float, float] | None = None
         self._closing = threading.Event()  # set once: no (re)start may begin or finish after
 
     @property
@@ -165,11 +169,21 @@ class VllmServer:
             return False
         with httpx.Client(base_url=self.url, timeout=self.settings.probe_timeout_s) as client:
             if generates(client, self.settings.served_name):
-                self._generated = generated_tokens(client)
+                self._generated, self._cpu = generated_tokens(client), self._cpu_now()
                 return True
             before, self._generated = self._generated, generated_tokens(client)
-        # Busy, not dead: the engine produced tokens since the last probe.
-        return before is not None and self._generated is not None and self._generated > before
+        cpu_before, self._cpu = self._cpu, self._cpu_now()
+        # Busy, not dead: the engine produced tokens since the last probe, or computed without
+        # producing any (one scheduler step of a long prefill can outlast several probes).
+        produced = before is not None and self._generated is not None and self._generated > before
+        return produced or busy(cpu_before, self._cpu)
+
+    def _cpu_now(self) -> tuple[float, float] | None:
+        """(wall clock, CPU seconds the server's process group has used), where /proc tells."""
+        if self._process is None:
+            return None
+        used = group_cpu_seconds(self._process.pid)
+        return None if used is None else (time.monotonic(), used)
 
     def ensure_alive(self) -> bool:
         """Restart the server if it died or stopped generating; returns whether it restarted.
@@ -377,6 +391,29 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> None:
         except ServingError:
             time.sleep(0.5)
     log.warning("port %d on %s is still taken after the server stopped", port, host)
+
+
+def busy(before: tuple[float, float] | None, now: tuple[float, float] | None) -> bool:
+    """Whether a process group computed on at least `BUSY_CORES` of a core between two
+    (wall clock, CPU seconds) readings: a stopped or hung engine computes nothing."""
+    if before is None or now is None or now[0] <= before[0]:
+        return False
+    return (now[1] - before[1]) / (now[0] - before[0]) >= BUSY_CORES
+
+
+def group_cpu_seconds(pgid: int) -> float | None:
+    """CPU seconds the live processes of process group `pgid` have used (Linux's /proc), or
+    None where none can be read."""
+    total, found = 0, False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # from the state on: pgrp, utime, stime
+        if int(fields[2]) == pgid:
+            total, found = total + int(fields[11]) + int(fields[12]), True
+    return total / os.sysconf("SC_CLK_TCK") if found else None
 
 
 def generated_tokens(client: httpx.Client) -> float | None:

@@ -3,6 +3,7 @@
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,26 @@ def test_bfloat16_only_where_the_cpu_computes_it(tmp_path: Path) -> None:
     info.write_text("flags\t: fpu avx2 avx512f avx512_bf16 amx_bf16\n")
     assert cpu_dtype(info) == "bfloat16"
     assert cpu_dtype(tmp_path / "missing") == "float32"
+
+
+@pytest.mark.parametrize(("work", "alive"), [("while True: pass", True), ("time.sleep(60)", False)])
+def test_a_server_that_computes_without_answering_is_busy_and_one_that_idles_is_not(
+    tmp_path: Path, work: str, alive: bool
+) -> None:
+    """A server that takes connections and answers none: busy while it computes (a long
+    prefill), stalled while it does not."""
+    port = _free_port()
+    listen = f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()"
+    code = f"import socket, time\n{listen}\n{work}"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} -c "{code}"\n')
+    fake.chmod(0o755)
+    s = settings(tmp_path, fake, port).model_copy(update={"probe_timeout_s": 1.0})
+    server = VllmServer(s)
+    try:
+        server.launch()
+        time.sleep(1.0)
+        assert not server.alive(), "the first probe has no earlier reading to compare with"
+        assert server.alive() is alive
+    finally:
+        server.close()

@@ -52,9 +52,9 @@ def main() -> None:
 def diagnose(session: Any, record: TrainingRound) -> dict[str, Any]:
     groups = store.groups_by_id(session, record.group_ids)
     rows = build_rows(groups, TrainSettings(**record.hyperparameters))
-    parent = _solved(session, record.policy_in)
-    child = _solved(session, record.policy_out or "")
-    held_out = store.load_groups(session, "eval", policy_version=record.policy_out or "")
+    held_out = _held_out(session, record.policy_out or "")
+    parent = _solved(_held_out(session, record.policy_in))
+    child = _solved(held_out)
     common = parent.keys() & child.keys()
     return {
         "round": record.round_index,
@@ -91,8 +91,11 @@ def token_mass(rows: list[TrainRow]) -> dict[str, float]:
     }
 
 
-def _solved(session: Any, name: str) -> dict[str, bool]:
-    groups = store.load_groups(session, "eval", policy_version=name)
+def _held_out(session: Any, name: str) -> list[Group]:
+    return store.load_groups(session, "eval", policy_version=name)
+
+
+def _solved(groups: list[Group]) -> dict[str, bool]:
     return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
 
 

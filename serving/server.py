@@ -235,7 +235,7 @@ class VllmServer:
     def stop(self) -> None:
         """Stop the server's whole process group and wait until its port is free again."""
         process, self._process = self._process, None
-        self._generated = None
+        self._generated = self._cpu = None  # the next server is a new process group
         if process is None:
             return
         if process.poll() is None:

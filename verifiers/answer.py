@@ -23,7 +23,7 @@ CLOSE_TAG = re.compile(r"</answer>", re.IGNORECASE)
 TAGGED = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 FENCED = re.compile(r"```.*?(?:```|$)", re.DOTALL)
-STATED = re.compile(r"=\s*\(?\s*(-?\d+(?:\.\d+)?)\s*\)?\s*\.?\s*$")
+STATED = re.compile(rf"=\s*\(?\s*({NUMBER.pattern})\s*\)?\s*\.?\s*$")  # `... = 7.` at the end
 
 
 class Extraction(BaseModel):

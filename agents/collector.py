@@ -136,7 +136,7 @@ async def collect_group(
         attempts += await nudge(policy, reviewer, task, bare, attempts, settings, limiter)
     if settings.revise and not is_episodic(task.taskset):
         async with limiter:
-            attempts += await revise(policy, reviewer, task, bare, attempts, settings.max_tokens)
+            attempts += await revise(policy, reviewer, task, bare, attempts, settings)
     return Group(
         round_index=round_index,
         purpose=purpose,

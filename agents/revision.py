@@ -5,7 +5,8 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
    best attempt (the lowest slot among equals).
 2. The reviewer sees the task with the instructions the policy answered under (the form the
    answer must take), the attempt and the verifier's verdict and feedback lines, never the
-   reference answer, and rewrites the answer at temperature 0.3: it solves the task itself,
+   reference answer, and rewrites the answer (`revisions` draws, at `revise_temperature`, by
+   default one at 0.3): it solves the task itself,
    keeps what is right, and answers in the instructions' form. Where the task set has a worked
    example, the reviewer's prompt opens with it as an earlier turn (the example task with no
    attempt, answered by the example's solution), and the reviewer answers as briefly: in the
@@ -14,18 +15,22 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
    policy's own answer to the bare prompt, closed by the template's end-of-turn token, so
    training can score it token for token. The reviewer's sampling probabilities belong
    to another model: the revision's behaviour logprobs are 0 (probability 1), and training weighs
-   it with HeRL's shaped off-policy weight (`trainer.dataset`).
-4. The revision is stored as an attempt of kind "revision" paired with its parent; its tokens
-   (the reviewer's) are its cost.
+   the best verified draw with HeRL's shaped off-policy weight, or as a distill copy
+   (`trainer.dataset`).
+4. Each draw is stored as an attempt of kind "revision" (its index the draw's) paired with its
+   parent; its tokens (the reviewer's) are its cost.
 """
 
 from __future__ import annotations
+
+import anyio
 
 from agents.attempt import bare_prompt_ids
 from agents.context import Messages
 from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.reflection import review_messages, review_prompt
+from agents.settings import CollectSettings
 from memory.records import FIRST_KINDS, FULL_REWARD, Attempt, Sample, SamplingSettings
 from verifiers.catalog import averify, has_worked_example, is_episodic, worked_example
 from verifiers.task import Task
@@ -35,7 +40,6 @@ REVISE_SYSTEM = (
     "exactly: work it out step by step, briefly, then give the answer in the form they ask for. "
     "Do not comment on the old answer."
 )
-REVISE_TEMPERATURE = 0.3
 NO_ANSWER = "The verifier gave reward 0: no answer."
 
 
@@ -67,17 +71,36 @@ def instructions(bare: Messages) -> str | None:
 
 async def revise(
     policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
-    max_tokens: int,
+    settings: CollectSettings,
 ) -> list[Attempt]:  # fmt: skip
-    """The group's revision, as a one-item list (empty when nothing is revisable); `bare` is
-    the task's prompt with nothing in context, which the revision answers."""
+    """The group's revisions, `settings.revisions` draws of one (empty when nothing is
+    revisable); `bare` is the task's prompt with nothing in context, which they answer."""
     parent = revisable(attempts)
     if parent is None:
         return []
     messages = revise_messages(task, parent, instructions(bare))
-    sampling = SamplingSettings(temperature=REVISE_TEMPERATURE, max_tokens=max_tokens)
+    sampling = SamplingSettings(
+        temperature=settings.revise_temperature, max_tokens=settings.max_tokens
+    )
+    revisions: list[Attempt] = []
+
+    async def draw(index: int) -> None:
+        drawn = _revision(policy, reviewer, task, bare, attempts, parent, messages, sampling, index)
+        revisions.append(await drawn)
+
+    async with anyio.create_task_group() as group:
+        for index in range(settings.revisions):
+            group.start_soon(draw, index)
+    return sorted(revisions, key=lambda a: a.sample_index)
+
+
+async def _revision(
+    policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
+    parent: Attempt, messages: Messages, sampling: SamplingSettings, index: int,
+) -> Attempt:  # fmt: skip
+    """One draw of the reviewer's revision of `parent`, verified, in the policy's ids."""
     record = {
-        "sample_index": parent.sample_index,
+        "sample_index": index,
         "kind": "revision",
         "policy_version": reviewer.model,
         "messages": messages,
@@ -88,11 +111,11 @@ async def revise(
     try:
         written = await reviewer.client.sample(reviewer.model, messages, sampling)
     except PolicyError as exc:
-        return [Attempt.failed(str(exc), **record)]
+        return Attempt.failed(str(exc), **record)
     verdict = await averify(task, written.text)
     sample = await as_policy_sample(policy, bare, written.text, attempts)
     reason = verdict.reason + (", truncated" if written.finish_reason == "length" else "")
-    revision = Attempt(
+    return Attempt(
         **record,
         sample=sample,
         generated_tokens=len(written.completion_token_ids),
@@ -100,7 +123,6 @@ async def revise(
         improved=verdict.reward > parent.reward,
         **verdict.scores(),
     )
-    return [revision]
 
 
 async def as_policy_sample(

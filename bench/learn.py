@@ -18,6 +18,8 @@ settings except for what the arm changes. Arms:
     nudge+herl  both
     rltldr+herl, rltldr+nudge  the default (worked example, RLTLDR) with HeRL's revisions or
              NudgeRL's hints on top
+    rltldr+herl4  the default with HeRL drawing 4 revisions at temperature 1.0, the best
+             verified one trained as a distill copy
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
 with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
@@ -74,10 +76,16 @@ ARMS: dict[str, dict[str, Any]] = {
         "train": {"mode": "grpo"},
     },
     "rltldr+herl": {"revise": True, "train": {"mode": "rltldr"}},
+    "rltldr+herl4": {
+        "revise": True,
+        "revisions": 4,
+        "revise_temperature": 1.0,
+        "train": {"mode": "rltldr", "revision_weight": "distill"},
+    },
     "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},
 }
 # the arms a reviewer serves
-REVIEWED = ("r3l", "herl", "nudge", "nudge+herl", "rltldr+herl", "rltldr+nudge")
+REVIEWED = ("r3l", "herl", "nudge", "nudge+herl", "rltldr+herl", "rltldr+herl4", "rltldr+nudge")
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ FLAGGED = (
     "reflection",
     "insights",
     "revise",
+    "revisions",
     "nudge",
     "anneal",
     "reviewer",

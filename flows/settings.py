@@ -74,6 +74,15 @@ class RunSettings(BaseModel):
         description="the reviewer revises the best attempt of a group that all failed, and a "
         "revision the verifier passes is trained off-policy (HeRL)",
     )
+    revisions: int = Field(
+        1,
+        ge=1,
+        description="HeRL: the reviewer draws this many revisions of a failed group's best "
+        "attempt, and the best one the verifier passes is trained",
+    )
+    revise_temperature: float = Field(
+        0.3, ge=0.0, description="HeRL: the temperature of the reviewer's revisions"
+    )
     nudge: bool = Field(
         False,
         description="the reviewer writes a hint for a group that all failed, the policy tries "
@@ -150,6 +159,8 @@ class RunSettings(BaseModel):
             reflection=self.reflection,
             insights=self.insights,
             revise=self.revise,
+            revisions=self.revisions,
+            revise_temperature=self.revise_temperature,
             nudge=self.nudge,
             annealing=self.annealing if self.anneal else None,
             strategy=self.strategy if self.sge else None,

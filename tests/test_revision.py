@@ -12,14 +12,14 @@ import torch
 
 from agents.context import bare_messages
 from agents.policy import Endpoint, PolicyClient
-from agents.revision import REVISE_TEMPERATURE, as_policy_sample
+from agents.revision import as_policy_sample
 from agents.settings import CollectSettings
 from memory import store
 from memory.models import VerdictRow
 from memory.records import SamplingSettings
 from tests.test_exploration import TASK, collect_task, scripted
 from tests.test_policy import client_for
-from trainer.dataset import IGNORE, build_rows, member_advantages
+from trainer.dataset import IGNORE, build_rows, member_advantages, winning_revision
 from trainer.round import PolicyGradientTrainer
 from trainer.settings import TrainSettings
 from verifiers.catalog import worked_example
@@ -28,25 +28,28 @@ GRPO = TrainSettings(mode="grpo", max_length=64)
 WRONG = "<answer>999</answer>"
 
 
-def revise_with(reviewer_answer: str, policy_answer: str = WRONG):
-    """A group of two collected with revision on: the policy's answers, the reviewer's fix, and
-    the requests each server saw."""
+def revise_with(reviewer_answer: str | list[str], policy_answer: str = WRONG, revisions: int = 1):
+    """A group of two collected with revision on: the policy's answers, the reviewer's fixes
+    (one, or one per draw in the order asked), and the requests each server saw."""
     seen: dict[str, list[dict]] = {"reviewer": [], "tokenize": []}
+    answers = [reviewer_answer] if isinstance(reviewer_answer, str) else reviewer_answer
 
     def reviewer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         seen["reviewer"].append(body)
-        return scripted(body, reviewer_answer, [3])
+        return scripted(body, answers[min(len(seen["reviewer"]), len(answers)) - 1], [3])
 
     def policy(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         if request.url.path == "/tokenize":
             seen["tokenize"].append(body)
             opened = body.get("continue_final_message", False)
-            return httpx.Response(200, json={"tokens": [2, 2, 30, 31] + ([] if opened else [9, 8])})
+            words = len(body["messages"][-1]["content"].split())  # a token more a word
+            tokens = [2, 2, 30, 31] + [32] * (words - 1) + ([] if opened else [9, 8])
+            return httpx.Response(200, json={"tokens": tokens})
         return scripted(body, policy_answer, [2, 2])
 
-    settings = CollectSettings(group_size=2, revise=True)
+    settings = CollectSettings(group_size=2, revise=True, revisions=revisions)
     group = collect_task(policy, settings, Endpoint(client_for(reviewer), "judge-model"))
     return group, seen
 
@@ -62,7 +65,7 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
     shown = asked["messages"][-1]["content"]
     assert "999" in shown and "reward 0" in shown and TASK.answer not in shown.replace("999", "")
     assert shown.startswith("Instructions: ") and "answer tags" in shown  # the form to answer in
-    assert asked["temperature"] == REVISE_TEMPERATURE
+    assert asked["temperature"] == CollectSettings().revise_temperature == 0.3
     # Before it, the task set's worked example as a turn of its own: how briefly to answer.
     question, solution = worked_example(TASK.taskset)
     example = [m["content"] for m in asked["messages"][1:3]]
@@ -98,6 +101,30 @@ def test_a_verified_revision_takes_the_worst_other_slot_and_trains_off_policy() 
     assert revised.labels == [IGNORE, IGNORE, 30, 31, 9]
     assert revised.behaviour_logprobs[2:] == [0.0, 0.0, 0.0]
     assert [r.context for r in rows] == ["bare", "revision"]
+
+
+def test_of_several_drawn_revisions_the_shortest_verified_one_is_trained() -> None:
+    right = f"<answer>{TASK.answer}</answer>"
+    group, seen = revise_with(["<answer>998</answer>", f"It is {right}", right], revisions=3)
+    assert len(seen["reviewer"]) == 3  # three draws of the same revision
+    assert len({json.dumps(body["messages"]) for body in seen["reviewer"]}) == 1
+    drawn = [a for a in group.attempts if a.kind == "revision"]
+    assert [a.sample_index for a in drawn] == [0, 1, 2]  # each draw its own slot
+    assert {a.parent_index for a in drawn} == {0}
+    assert sorted(a.correct for a in drawn) == [False, True, True]
+    winner = winning_revision(group)
+    assert winner is not None and winner.sample is not None and winner.sample.text == right
+    (trained,) = [r for r in build_rows([group], GRPO) if r.context == "revision"]
+    assert trained.input_ids == [2, 2, 30, 31, 9]
+
+
+def test_a_revision_can_be_trained_as_a_distill_copy() -> None:
+    group, _ = revise_with(f"<answer>{TASK.answer}</answer>")
+    settings = GRPO.model_copy(update={"revision_weight": "distill"})
+    (revised,) = [r for r in build_rows([group], settings) if r.context == "revision"]
+    (shaped,) = [r for r in build_rows([group], GRPO) if r.context == "revision"]
+    assert not revised.off_policy and not revised.importance  # its advantage alone
+    assert revised.advantages == shaped.advantages and revised.input_ids == shaped.input_ids
 
 
 def test_a_revision_the_verifier_fails_is_kept_but_not_trained() -> None:

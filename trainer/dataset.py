@@ -14,8 +14,10 @@
    (text the agent inserted, such as SGE's cues) get no gradient either.
 4. HeRL: a verified revision that beats every first attempt of its group takes the slot of the
    worst first attempt other than its parent, and the parent earns a bonus towards it,
-   r' = r + bonus * (r_rev - r). The revision is trained under the bare prompt as an off-policy
-   row (`trainer.round` weighs it with the shaped weight).
+   r' = r + bonus * (r_rev - r); of several verified draws, the best wins (the shortest among
+   equals). The revision is trained under the bare prompt as an off-policy row (`trainer.round`
+   weighs it with the shaped weight), or with `revision_weight = "distill"` like a distill
+   copy: its advantage alone.
 5. NudgeRL: attempts sampled with a reviewer's hint (a group that all failed) are members like
    the rest and, being guided, are distilled: a nudged success is trained under the bare prompt.
 6. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
@@ -108,10 +110,20 @@ def _members(group: Group) -> list[Attempt]:
 
 
 def winning_revision(group: Group) -> Attempt | None:
-    """HeRL: the group's verified revision, when it beats every first attempt."""
+    """HeRL: the group's best verified revision (the shortest among equals, then the first
+    drawn), when it beats every first attempt."""
     best = max((a.reward for a in group.first_attempts), default=0.0)
-    revisions = [a for a in group.attempts if a.kind == "revision" and a.error is None]
-    return next((a for a in revisions if a.sample and a.reward > best), None)
+    revisions = [
+        a
+        for a in group.attempts
+        if a.kind == "revision" and a.error is None and a.sample and a.reward > best
+    ]
+    return min(revisions, key=_revision_rank, default=None)
+
+
+def _revision_rank(revision: Attempt) -> tuple[float, int, int]:
+    tokens = len(revision.sample.completion_token_ids) if revision.sample else 0
+    return -revision.reward, tokens, revision.sample_index
 
 
 def _without_worst(firsts: list[Attempt], keep: int | None) -> list[Attempt]:
@@ -178,9 +190,10 @@ def _row(
     sample = attempt.sample
     if sample is None:
         return None
-    off_policy = attempt.kind == "revision"  # its prompt is already the bare prompt
+    revision = attempt.kind == "revision"  # its prompt is already the bare prompt
+    off_policy = revision and settings.revision_weight == "shaped"
     if distill is None:
-        distill = settings.distill_guided and attempt.guided and not off_policy
+        distill = settings.distill_guided and attempt.guided and not revision
     prompt = attempt.bare_prompt_token_ids if distill else sample.prompt_token_ids
     if prompt is None:
         return None
@@ -197,7 +210,7 @@ def _row(
         labels=[IGNORE] * n_prompt + trained,
         advantages=[0.0] * n_prompt + [advantage] * n_completion,
         behaviour_logprobs=[0.0] * n_prompt + sample.logprobs[:n_completion],
-        importance=not distill and not off_policy,
+        importance=not distill and not revision,
         off_policy=off_policy,
         reward=attempt.reward,
         context=_context_name(attempt, distill),

@@ -38,6 +38,11 @@ class TrainSettings(BaseModel):
     )
     shaping_gamma: float = Field(0.1, gt=0.0, description="HeRL's gamma on off-policy rows")
     revision_bonus: float = Field(0.05, ge=0.0, description="HeRL's bonus to a revised attempt")
+    revision_weight: Literal["shaped", "distill"] = Field(
+        "shaped",
+        description="how a verified revision is weighted: HeRL's shaped off-policy weight, or "
+        "as a distill copy (its advantage alone, like a guided success under the bare prompt)",
+    )
     seed: int = 0
     device: str = "auto"
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"

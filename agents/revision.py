@@ -2,7 +2,8 @@
 checks the fix, and a fix that passes becomes an off-policy training sample.
 
 1. Only a group whose first attempts all fall short of full reward is revised, and only its
-   best attempt (the lowest slot among equals).
+   best attempt (the lowest slot among equals); with `revise_partial`, any group with an
+   attempt short of full reward, and its best such attempt.
 2. The reviewer sees the task with the instructions the policy answered under (the form the
    answer must take), the attempt and the verifier's verdict and feedback lines, never the
    reference answer, and rewrites the answer (`revisions` draws, at `revise_temperature`, by
@@ -43,13 +44,15 @@ REVISE_SYSTEM = (
 NO_ANSWER = "The verifier gave reward 0: no answer."
 
 
-def revisable(attempts: list[Attempt]) -> Attempt | None:
+def revisable(attempts: list[Attempt], partial: bool = False) -> Attempt | None:
     """The attempt to revise: the best first attempt of a group none of whose first attempts
-    reached full reward; None when one did, or none has a sample."""
+    reached full reward (None when one did), or with `partial` the best of those that fell
+    short in any group; None too when none has a sample."""
     firsts = [a for a in attempts if a.kind in FIRST_KINDS and a.sample and a.error is None]
-    if not firsts or any(a.reward >= FULL_REWARD for a in firsts):
+    short = [a for a in firsts if a.reward < FULL_REWARD]
+    if not short or (len(short) < len(firsts) and not partial):
         return None
-    return max(firsts, key=lambda a: (a.reward, -a.sample_index))
+    return max(short, key=lambda a: (a.reward, -a.sample_index))
 
 
 def revise_messages(task: Task, parent: Attempt, instructions: str | None) -> Messages:
@@ -75,7 +78,7 @@ async def revise(
 ) -> list[Attempt]:  # fmt: skip
     """The group's revisions, `settings.revisions` draws of one (empty when nothing is
     revisable); `bare` is the task's prompt with nothing in context, which they answer."""
-    parent = revisable(attempts)
+    parent = revisable(attempts, settings.revise_partial)
     if parent is None:
         return []
     messages = revise_messages(task, parent, instructions(bare))

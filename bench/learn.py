@@ -20,6 +20,7 @@ settings except for what the arm changes. Arms:
              NudgeRL's hints on top
     rltldr+herl4  the default with HeRL drawing 4 revisions at temperature 1.0, the best
              verified one trained as a distill copy
+    rltldr+herl2p  the same with 2 draws, revising every group with a failure (its best one)
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
 with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
@@ -82,10 +83,26 @@ ARMS: dict[str, dict[str, Any]] = {
         "revise_temperature": 1.0,
         "train": {"mode": "rltldr", "revision_weight": "distill"},
     },
+    "rltldr+herl2p": {
+        "revise": True,
+        "revisions": 2,
+        "revise_temperature": 1.0,
+        "revise_partial": True,
+        "train": {"mode": "rltldr", "revision_weight": "distill"},
+    },
     "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},
 }
 # the arms a reviewer serves
-REVIEWED = ("r3l", "herl", "nudge", "nudge+herl", "rltldr+herl", "rltldr+herl4", "rltldr+nudge")
+REVIEWED = (
+    "r3l",
+    "herl",
+    "nudge",
+    "nudge+herl",
+    "rltldr+herl",
+    "rltldr+herl4",
+    "rltldr+herl2p",
+    "rltldr+nudge",
+)
 
 
 def main() -> None:

@@ -83,6 +83,11 @@ class RunSettings(BaseModel):
     revise_temperature: float = Field(
         0.3, ge=0.0, description="HeRL: the temperature of the reviewer's revisions"
     )
+    revise_partial: bool = Field(
+        False,
+        description="HeRL: also revise a group some of whose first attempts reached full "
+        "reward (its best attempt that did not); a verified revision then joins the successes",
+    )
     nudge: bool = Field(
         False,
         description="the reviewer writes a hint for a group that all failed, the policy tries "
@@ -161,6 +166,7 @@ class RunSettings(BaseModel):
             revise=self.revise,
             revisions=self.revisions,
             revise_temperature=self.revise_temperature,
+            revise_partial=self.revise_partial,
             nudge=self.nudge,
             annealing=self.annealing if self.anneal else None,
             strategy=self.strategy if self.sge else None,

@@ -28,11 +28,17 @@ GRPO = TrainSettings(mode="grpo", max_length=64)
 WRONG = "<answer>999</answer>"
 
 
-def revise_with(reviewer_answer: str | list[str], policy_answer: str = WRONG, revisions: int = 1):
-    """A group of two collected with revision on: the policy's answers, the reviewer's fixes
-    (one, or one per draw in the order asked), and the requests each server saw."""
-    seen: dict[str, list[dict]] = {"reviewer": [], "tokenize": []}
+def revise_with(
+    reviewer_answer: str | list[str],
+    policy_answer: str | list[str] = WRONG,
+    revisions: int = 1,
+    partial: bool = False,
+):
+    """A group of two collected with revision on: the policy's answers and the reviewer's fixes
+    (one, or one per request in the order asked), and the requests each server saw."""
+    seen: dict[str, list[dict]] = {"reviewer": [], "tokenize": [], "policy": []}
     answers = [reviewer_answer] if isinstance(reviewer_answer, str) else reviewer_answer
+    sampled = [policy_answer] if isinstance(policy_answer, str) else policy_answer
 
     def reviewer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -47,9 +53,12 @@ def revise_with(reviewer_answer: str | list[str], policy_answer: str = WRONG, re
             words = len(body["messages"][-1]["content"].split())  # a token more a word
             tokens = [2, 2, 30, 31] + [32] * (words - 1) + ([] if opened else [9, 8])
             return httpx.Response(200, json={"tokens": tokens})
-        return scripted(body, policy_answer, [2, 2])
+        seen["policy"].append(body)
+        return scripted(body, sampled[min(len(seen["policy"]), len(sampled)) - 1], [2, 2])
 
-    settings = CollectSettings(group_size=2, revise=True, revisions=revisions)
+    settings = CollectSettings(
+        group_size=2, revise=True, revisions=revisions, revise_partial=partial
+    )
     group = collect_task(policy, settings, Endpoint(client_for(reviewer), "judge-model"))
     return group, seen
 
@@ -84,8 +93,28 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
 
 
 def test_a_group_with_a_success_is_not_revised() -> None:
-    group, seen = revise_with("unused", policy_answer=f"<answer>{TASK.answer}</answer>")
+    group, seen = revise_with("unused", policy_answer=[f"<answer>{TASK.answer}</answer>", WRONG])
     assert seen["reviewer"] == [] and all(a.kind == "base" for a in group.attempts)
+
+
+def test_a_partly_failed_group_is_revised_when_asked_and_the_fix_joins_its_successes() -> None:
+    right = f"<answer>{TASK.answer}</answer>"
+    group, seen = revise_with(right, policy_answer=[right, WRONG], partial=True)
+    (failed,) = [a for a in group.attempts if a.kind == "base" and not a.correct]
+    (revision,) = [a for a in group.attempts if a.kind == "revision"]
+    assert "999" in seen["reviewer"][0]["messages"][-1]["content"]  # the failure was shown
+    assert revision.parent_index == failed.sample_index and revision.correct
+    assert winning_revision(group) is revision  # it beats its parent, and nothing beats it
+    rows = build_rows([group], GRPO)
+    assert sorted(r.context for r in rows) == ["bare", "revision"]  # the failure, pushed down
+    assert [r.reward for r in rows if r.context == "bare"] == [0.0]
+
+
+def test_a_revision_no_better_than_its_parent_is_not_trained() -> None:
+    right = f"<answer>{TASK.answer}</answer>"
+    group, _ = revise_with("<answer>998</answer>", policy_answer=[right, WRONG], partial=True)
+    assert len([a for a in group.attempts if a.kind == "revision"]) == 1
+    assert winning_revision(group) is None
 
 
 def test_a_verified_revision_takes_the_worst_other_slot_and_trains_off_policy() -> None:

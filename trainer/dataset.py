@@ -12,7 +12,8 @@
 3. Pivotal credit: a retry replays its parent's first `pivot_tokens` completion tokens; those
    tokens get no gradient, in the retry and in the parent it is paired with. Forced spans
    (text the agent inserted, such as SGE's cues) get no gradient either.
-4. HeRL: a verified revision that beats every first attempt of its group takes the slot of the
+4. HeRL: a verified revision that beats its parent and is beaten by no first attempt of its
+   group (in a group that all failed: beats them all) takes the slot of the
    worst first attempt other than its parent, and the parent earns a bonus towards it,
    r' = r + bonus * (r_rev - r); of several verified draws, the best wins (the shortest among
    equals). The revision is trained under the bare prompt as an off-policy row (`trainer.round`
@@ -111,13 +112,15 @@ def _members(group: Group) -> list[Attempt]:
 
 def winning_revision(group: Group) -> Attempt | None:
     """HeRL: the group's best verified revision (the shortest among equals, then the first
-    drawn), when it beats every first attempt."""
-    best = max((a.reward for a in group.first_attempts), default=0.0)
+    drawn), when it beats its parent and no first attempt beats it."""
+    firsts = group.first_attempts
+    best = max((a.reward for a in firsts), default=0.0)
     revisions = [
         a
         for a in group.attempts
-        if a.kind == "revision" and a.error is None and a.sample and a.reward > best
-    ]
+        if a.kind == "revision" and a.error is None and a.sample and a.reward >= best
+        and any(p.sample_index == a.parent_index and a.reward > p.reward for p in firsts)
+    ]  # fmt: skip
     return min(revisions, key=_revision_rank, default=None)
 
 

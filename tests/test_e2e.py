@@ -294,10 +294,13 @@ def test_a_run_killed_while_training_resumes_the_round(
         "--workdir", str(tmp_path), "--model", str(tiny_model_path), "--server-url", tiny_server,
         "--rounds", "1", "--tasks", "4", "--group-size", "4", "--eval-tasks", "2",
     ]  # fmt: skip
-    first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first.log"
+    with log.open("w") as stderr:
+        first = subprocess.Popen(command, start_new_session=True, stderr=stderr)
     deadline = time.monotonic() + 240
     while not list(tmp_path.glob("adapters/.rounds/*/checkpoint-*/trainer_state.json")):
-        assert first.poll() is None, "the run ended before the trainer saved"
+        if first.poll() is not None:
+            pytest.fail("the run ended before the trainer saved:\n" + log.read_text()[-3000:])
         assert time.monotonic() < deadline
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)

@@ -92,16 +92,11 @@ ARMS: dict[str, dict[str, Any]] = {
     },
     "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},
 }
-# the arms a reviewer serves
-REVIEWED = (
-    "r3l",
-    "herl",
-    "nudge",
-    "nudge+herl",
-    "rltldr+herl",
-    "rltldr+herl4",
-    "rltldr+herl2p",
-    "rltldr+nudge",
+# the arms a reviewer serves: those that reflect, revise or nudge
+REVIEWED = tuple(
+    arm
+    for arm, spec in ARMS.items()
+    if spec.get("reflect_retry") or spec.get("revise") or spec.get("nudge")
 )
 
 

@@ -112,14 +112,13 @@ def _members(group: Group) -> list[Attempt]:
 
 def winning_revision(group: Group) -> Attempt | None:
     """HeRL: the group's best verified revision (the shortest among equals, then the first
-    drawn), when it beats its parent and no first attempt beats it."""
-    firsts = group.first_attempts
-    best = max((a.reward for a in firsts), default=0.0)
+    drawn), when it beats its parent (`improved`, as collected) and no first attempt beats it."""
+    best = max((a.reward for a in group.first_attempts), default=0.0)
     revisions = [
         a
         for a in group.attempts
-        if a.kind == "revision" and a.error is None and a.sample and a.reward >= best
-        and any(p.sample_index == a.parent_index and a.reward > p.reward for p in firsts)
+        if a.kind == "revision" and a.error is None and a.sample and a.improved
+        and a.reward >= best
     ]  # fmt: skip
     return min(revisions, key=_revision_rank, default=None)
 

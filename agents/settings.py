@@ -31,6 +31,7 @@ class CollectSettings(BaseModel):
     revisions: int = Field(1, ge=1)  # HeRL: the reviewer's draws of one revision
     revise_temperature: float = Field(0.3, ge=0.0)  # HeRL: the reviewer's temperature
     revise_partial: bool = False  # HeRL: also revise a group that only partly failed
+    revise_blind: bool = False  # HeRL: the reviewer answers afresh, not shown the failure
     nudge: bool = False  # NudgeRL: a reviewer's hint for a group that all failed (agents.nudge)
     strategy: StrategySettings | None = None
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo

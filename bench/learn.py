@@ -21,6 +21,7 @@ settings except for what the arm changes. Arms:
     rltldr+herl4  the default with HeRL drawing 4 revisions at temperature 1.0, the best
              verified one trained as a distill copy
     rltldr+herl2p  the same with 2 draws, revising every group with a failure (its best one)
+    rltldr+herl4b  as rltldr+herl4, the reviewer answering afresh, not shown the failed attempt
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
 with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
@@ -88,6 +89,13 @@ ARMS: dict[str, dict[str, Any]] = {
         "revisions": 2,
         "revise_temperature": 1.0,
         "revise_partial": True,
+        "train": {"mode": "rltldr", "revision_weight": "distill"},
+    },
+    "rltldr+herl4b": {
+        "revise": True,
+        "revisions": 4,
+        "revise_temperature": 1.0,
+        "revise_blind": True,
         "train": {"mode": "rltldr", "revision_weight": "distill"},
     },
     "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},

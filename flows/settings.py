@@ -88,6 +88,11 @@ class RunSettings(BaseModel):
         description="HeRL: also revise a group some of whose first attempts reached full "
         "reward (its best attempt that did not); a verified revision then joins the successes",
     )
+    revise_blind: bool = Field(
+        False,
+        description="HeRL: the reviewer is not shown the failed attempt and answers the task "
+        "afresh (a small reviewer tends to copy the wrong answer it is shown)",
+    )
     nudge: bool = Field(
         False,
         description="the reviewer writes a hint for a group that all failed, the policy tries "
@@ -167,6 +172,7 @@ class RunSettings(BaseModel):
             revisions=self.revisions,
             revise_temperature=self.revise_temperature,
             revise_partial=self.revise_partial,
+            revise_blind=self.revise_blind,
             nudge=self.nudge,
             annealing=self.annealing if self.anneal else None,
             strategy=self.strategy if self.sge else None,

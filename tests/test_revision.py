@@ -33,6 +33,7 @@ def revise_with(
     policy_answer: str | list[str] = WRONG,
     revisions: int = 1,
     partial: bool = False,
+    blind: bool = False,
 ):
     """A group of two collected with revision on: the policy's answers and the reviewer's fixes
     (one, or one per request in the order asked), and the requests each server saw."""
@@ -57,7 +58,11 @@ def revise_with(
         return scripted(body, sampled[min(len(seen["policy"]), len(sampled)) - 1], [2, 2])
 
     settings = CollectSettings(
-        group_size=2, revise=True, revisions=revisions, revise_partial=partial
+        group_size=2,
+        revise=True,
+        revisions=revisions,
+        revise_partial=partial,
+        revise_blind=blind,
     )
     group = collect_task(policy, settings, Endpoint(client_for(reviewer), "judge-model"))
     return group, seen
@@ -90,6 +95,21 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
     assert revision.sample.prompt_token_ids == [2, 2]
     assert revision.sample.completion_token_ids == [30, 31, 9]
     assert revision.sample.logprobs == [0.0, 0.0, 0.0]
+
+
+def test_a_blind_reviewer_answers_the_bare_prompt_afresh_after_the_worked_example() -> None:
+    group, seen = revise_with(f"<answer>{TASK.answer}</answer>", blind=True)
+    (revision,) = [a for a in group.attempts if a.kind == "revision"]
+    assert revision.correct and revision.improved and revision.parent_index == 0
+    (asked,) = seen["reviewer"]
+    shown = json.dumps(asked["messages"])
+    assert "999" not in shown and "reward" not in shown  # neither the failure nor its verdict
+    bare = bare_messages(TASK, CollectSettings().system(TASK))
+    question, solution = worked_example(TASK.taskset)
+    example = [{"role": "user", "content": question}, {"role": "assistant", "content": solution}]
+    assert asked["messages"] == [bare[0], *example, bare[1]]
+    (trained,) = [r for r in build_rows([group], GRPO) if r.context == "revision"]
+    assert trained.input_ids == [2, 2, 30, 31, 9]  # the fix, under the bare prompt
 
 
 def test_a_group_with_a_success_is_not_revised() -> None:

@@ -22,6 +22,7 @@ settings except for what the arm changes. Arms:
              verified one trained as a distill copy
     rltldr+herl2p  the same with 2 draws, revising every group with a failure (its best one)
     rltldr+herl4b  as rltldr+herl4, the reviewer answering afresh, not shown the failed attempt
+    rltldr+herl4pb  the same, revising every group with a failure
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
 with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
@@ -95,6 +96,14 @@ ARMS: dict[str, dict[str, Any]] = {
         "revise": True,
         "revisions": 4,
         "revise_temperature": 1.0,
+        "revise_blind": True,
+        "train": {"mode": "rltldr", "revision_weight": "distill"},
+    },
+    "rltldr+herl4pb": {
+        "revise": True,
+        "revisions": 4,
+        "revise_temperature": 1.0,
+        "revise_partial": True,
         "revise_blind": True,
         "train": {"mode": "rltldr", "revision_weight": "distill"},
     },

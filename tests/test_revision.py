@@ -14,6 +14,7 @@ from agents.context import bare_messages
 from agents.policy import Endpoint, PolicyClient
 from agents.revision import as_policy_sample
 from agents.settings import CollectSettings
+from flows.settings import load_run_settings
 from memory import store
 from memory.models import VerdictRow
 from memory.records import SamplingSettings
@@ -241,3 +242,11 @@ def test_a_revision_is_token_exact_on_a_real_server(tiny_server: str, tiny_model
     assert sample.prompt_token_ids == sampled.prompt_token_ids
     assert sample.completion_token_ids[-1] == config["eos_token_id"]
     assert len(sample.completion_token_ids) > 3
+
+
+def test_the_example_reviewer_config_turns_on_blind_revisions_of_every_failed_group() -> None:
+    settings = load_run_settings(Path(__file__).parent.parent / "examples/reviewer.toml", {})
+    collect = settings.collect_settings()
+    assert collect.revise and collect.revise_blind and collect.revise_partial
+    assert collect.revisions == 4 and collect.revise_temperature == 1.0
+    assert settings.train.revision_weight == "distill" and settings.train.mode == "rltldr"

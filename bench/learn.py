@@ -64,6 +64,12 @@ from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 
+# the default with HeRL's revisions drawn at 1.0, the best verified one trained as a distill copy
+DISTILLED_HERL: dict[str, Any] = {
+    "revise": True,
+    "revise_temperature": 1.0,
+    "train": {"mode": "rltldr", "revision_weight": "distill"},
+}
 ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"train": {"mode": "grpo"}},
     "r3l": {"reflect_retry": True, "halve_group": True, "train": {"mode": "r3l"}},
@@ -79,33 +85,14 @@ ARMS: dict[str, dict[str, Any]] = {
         "train": {"mode": "grpo"},
     },
     "rltldr+herl": {"revise": True, "train": {"mode": "rltldr"}},
-    "rltldr+herl4": {
-        "revise": True,
-        "revisions": 4,
-        "revise_temperature": 1.0,
-        "train": {"mode": "rltldr", "revision_weight": "distill"},
-    },
-    "rltldr+herl2p": {
-        "revise": True,
-        "revisions": 2,
-        "revise_temperature": 1.0,
-        "revise_partial": True,
-        "train": {"mode": "rltldr", "revision_weight": "distill"},
-    },
-    "rltldr+herl4b": {
-        "revise": True,
-        "revisions": 4,
-        "revise_temperature": 1.0,
-        "revise_blind": True,
-        "train": {"mode": "rltldr", "revision_weight": "distill"},
-    },
+    "rltldr+herl4": {**DISTILLED_HERL, "revisions": 4},
+    "rltldr+herl2p": {**DISTILLED_HERL, "revisions": 2, "revise_partial": True},
+    "rltldr+herl4b": {**DISTILLED_HERL, "revisions": 4, "revise_blind": True},
     "rltldr+herl4pb": {
-        "revise": True,
+        **DISTILLED_HERL,
         "revisions": 4,
-        "revise_temperature": 1.0,
         "revise_partial": True,
         "revise_blind": True,
-        "train": {"mode": "rltldr", "revision_weight": "distill"},
     },
     "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},
 }

@@ -6,7 +6,8 @@ benchmark evaluates the final version of each kept run (`bench/learn.py --keep D
 folder per arm) on the next held-out tasks: after the run's first `--skip` (its
 `--eval-tasks`), leaving out any task whose question one of the runs trained on. Greedy and
 with nothing in context, like the run's own evaluation; each version on a server of its own
-(its merged weights). Arms are paired with the first on the same tasks.
+(its merged weights). Arms are paired with the first on the same tasks; several runs of one
+arm are compared over runs by `bench/replicates.py`.
 
     .venv/bin/python bench/confirm.py --arm DIR [--arm DIR ...] [--skip 128] [--tasks 256]
         [--json PATH]
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8061)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    runs = {folder.name: _final(folder) for folder in args.arm}
+    runs = {label: _final(folder) for label, folder in labelled(args.arm).items()}
     taskset = next(iter(runs.values()))["taskset"]
     trained = set().union(*(run["trained"] for run in runs.values()))
     drawn = eval_tasks(taskset, args.skip + args.tasks)[args.skip :]
@@ -63,6 +64,7 @@ def main() -> None:
         "tasks": len(tasks),
         "runs": {
             name: {
+                "arm": run["arm"],
                 "version": run["version"],
                 "gate_pass_at_1": run["gate_pass_at_1"],
                 "pass_at_1": statistics.fmean(run["solved"].values()),
@@ -75,6 +77,16 @@ def main() -> None:
     print_table(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def labelled(folders: list[Path]) -> dict[str, Path]:
+    """Each kept run by its arm's name, or by its parent folder and arm where two runs of the
+    same arm are confirmed together."""
+    names = [folder.name for folder in folders]
+    return {
+        (f"{folder.parent.name}/{folder.name}" if names.count(folder.name) > 1 else folder.name):
+        folder for folder in folders
+    }  # fmt: skip
 
 
 def _final(folder: Path) -> dict[str, Any]:
@@ -96,6 +108,7 @@ def _final(folder: Path) -> dict[str, Any]:
             Path(base.weights_path), Path(record.adapter_path), folder / "confirm", version
         ))  # fmt: skip
     return {
+        "arm": folder.name,
         "version": version,
         "folder": Path(weights),
         "gate_pass_at_1": record.eval_pass_at_1,

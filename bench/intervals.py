@@ -1,5 +1,6 @@
-"""95% intervals for the benchmarks' shares: Wilson's for one share, and a paired one for the
-difference of two shares measured on the same tasks."""
+"""95% intervals for the benchmarks' shares: Wilson's for one share, a paired one for the
+difference of two shares measured on the same tasks, and Welch's for the difference of two
+arms' means over a few runs each."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import statistics
 from collections.abc import Sequence
 
 Z = 1.959964
+# Student's t, two-sided 95%, for 1-30 degrees of freedom (beyond, the normal's Z).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
 
 
 def wilson(successes: int, n: int) -> tuple[float, float]:
@@ -25,7 +30,26 @@ def paired_difference(a: Sequence[bool], b: Sequence[bool]) -> tuple[float, floa
     differences: (difference, low, high)."""
     if len(a) != len(b) or not a:
         raise ValueError("paired shares need the same, non-empty list of tasks")
-    diffs = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
-    mean = statistics.fmean(diffs)
-    half = Z * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 1.0
+    return mean_interval([float(x) - float(y) for x, y in zip(a, b, strict=True)])
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of many values with its 95% normal interval: (mean, low, high)."""
+    mean = statistics.fmean(values)
+    half = Z * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 1.0
     return (mean, mean - half, mean + half)
+
+
+def welch_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of a minus mean of b, each a few runs' scores, with Welch's 95% interval (its
+    degrees of freedom rounded down): (difference, low, high)."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("Welch's interval needs at least two runs of each arm")
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return (diff, diff, diff)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    t = T_975[int(df) - 1] if int(df) <= len(T_975) else Z
+    half = t * math.sqrt(va + vb)
+    return (diff, diff - half, diff + half)

@@ -1,13 +1,13 @@
-"""Replicates: arms compared over several runs each, on the fresh tasks their confirmations share.
+"""Replicates: arms compared over several runs each, on the tasks all their runs were scored on.
 
 One run of an arm is one draw: two runs with the same settings can end 0.08 pass@1 apart on the
-same tasks. This reads `bench/confirm.py` results, groups their runs by arm, keeps the tasks
-every run was scored on, and reports each arm's runs with their mean and spread, and each arm
-against the baseline: the difference of the means with Welch's 95% interval over runs (the
-runs are the units), and the interval over tasks with the runs held fixed (which leaves out
-the run-to-run spread and is narrower).
+same tasks. This reads `bench/confirm.py` results (or `bench/learn.py` results, for the gate
+tasks), groups their runs by arm, keeps the tasks every run was scored on, and reports each
+arm's runs with their mean and spread, and each arm against the baseline: the difference of
+the means with Welch's 95% interval over runs (the runs are the units), and the interval over
+tasks with the runs held fixed (which leaves out the run-to-run spread and is narrower).
 
-    .venv/bin/python bench/replicates.py CONFIRM.json [CONFIRM.json ...] [--baseline ARM]
+    .venv/bin/python bench/replicates.py RESULT.json [RESULT.json ...] [--baseline ARM]
         [--json PATH]
 """
 
@@ -52,7 +52,7 @@ class Comparison:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", type=Path, nargs="+", help="bench/confirm.py --json files")
+    parser.add_argument("results", type=Path, nargs="+", help="confirm.py or learn.py JSON")
     parser.add_argument("--baseline", default=None, help="the arm the others are compared to")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -77,11 +77,13 @@ def main() -> None:
 
 
 def load_runs(path: Path) -> list[Run]:
-    """The runs of one `bench/confirm.py` result; a run's arm is its folder's name."""
+    """The runs of one `bench/confirm.py` result (a run's arm is its folder's name), or the
+    arms of one `bench/learn.py` result, scored on its gate tasks."""
     data: dict[str, Any] = json.loads(path.read_text())
+    runs = data["runs"] if "runs" in data else data["arms"]
     return [
         Run(arm=run.get("arm", name), label=f"{path.stem}:{name}", solved=run["solved"])
-        for name, run in data["runs"].items()
+        for name, run in runs.items()
     ]
 
 
@@ -126,7 +128,7 @@ def print_table(scores: dict[str, list[float]], comparisons: list[Comparison], n
          f"{statistics.stdev(s):.3f}" if len(s) > 1 else "-"]
         for arm, s in scores.items()
     ]  # fmt: skip
-    print(text_table(["arm", "runs", f"pass@1 on {n} fresh tasks", "mean", "sd"], rows))
+    print(text_table(["arm", "runs", f"pass@1 on {n} tasks", "mean", "sd"], rows))
     for c in comparisons:
         over_runs = (
             f"{c.runs_low:+.3f} to {c.runs_high:+.3f}"

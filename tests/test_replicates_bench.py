@@ -55,3 +55,10 @@ def test_runs_of_one_arm_from_several_confirmations_are_compared_on_shared_tasks
 def test_two_runs_of_one_arm_confirmed_together_keep_apart() -> None:
     folders = [Path("k4/rltldr"), Path("k6/rltldr"), Path("k5/rltldr+herl4pb")]
     assert list(labelled(folders)) == ["k4/rltldr", "k6/rltldr", "rltldr+herl4pb"]
+
+
+def test_a_learning_result_gives_its_arms_scored_on_the_gate_tasks(tmp_path: Path) -> None:
+    path = tmp_path / "learn.json"
+    path.write_text(json.dumps({"arms": {"rltldr": {"solved": {"a": True, "b": False}}}}))
+    (run,) = load_runs(path)
+    assert (run.arm, run.label, run.solved) == ("rltldr", "learn:rltldr", {"a": True, "b": False})

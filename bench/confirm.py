@@ -83,10 +83,13 @@ def labelled(folders: list[Path]) -> dict[str, Path]:
     """Each kept run by its arm's name, or by its parent folder and arm where two runs of the
     same arm are confirmed together."""
     names = [folder.name for folder in folders]
-    return {
+    labels = {
         (f"{folder.parent.name}/{folder.name}" if names.count(folder.name) > 1 else folder.name):
         folder for folder in folders
     }  # fmt: skip
+    if len(labels) < len(folders):
+        sys.exit("two --arm folders have the same name and parent name: one would hide the other")
+    return labels
 
 
 def _final(folder: Path) -> dict[str, Any]:

@@ -62,3 +62,8 @@ def test_a_learning_result_gives_its_arms_scored_on_the_gate_tasks(tmp_path: Pat
     path.write_text(json.dumps({"arms": {"rltldr": {"solved": {"a": True, "b": False}}}}))
     (run,) = load_runs(path)
     assert (run.arm, run.label, run.solved) == ("rltldr", "learn:rltldr", {"a": True, "b": False})
+
+
+def test_runs_that_cannot_be_told_apart_are_refused() -> None:
+    with pytest.raises(SystemExit, match="hide"):
+        labelled([Path("a/k4/rltldr"), Path("b/k4/rltldr")])

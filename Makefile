@@ -1,18 +1,24 @@
 # The two commands: `make run` (the main job) and `make test` (the default suite, about 20
 # minutes on 2 cores; .ci/run calls it, then `make test-slow`: the tests marked slow).
 # Both install what is missing first: the application's environment (.venv), the model server's
-# environment (.venv-serving, vLLM for CPU), and the SmolLM2 model folder (.flywheel/models).
+# environment (.venv-serving, vLLM for CPU), and the SmolLM2 model folder (.flywheel/models);
+# `flywheel run --reviewer` builds the reviewer's model folder there too, once.
 
 PYTHON ?= python3
 VENV := .venv
 SERVING := .venv-serving
 ARGS ?=
 PYTEST_ARGS ?=
+# The default run serves a reviewer beside the policy, each on a core of its own, and distills the
+# reviewer's answers to the groups the policy failed into the bare prompt (examples/reviewer.toml;
+# the evidence: bench/README.md, "Several runs an arm"). `make run REVIEWER=` runs the policy alone.
+REVIEWER ?= qwen2.5-coder-0.5b
+RUN_DEFAULTS := $(if $(REVIEWER),--reviewer $(REVIEWER) --config examples/reviewer.toml)
 
 .PHONY: run test test-slow setup model lint clean
 
 run: model
-	$(VENV)/bin/flywheel run --summary-json .flywheel/summary.json $(ARGS)
+	$(VENV)/bin/flywheel run --summary-json .flywheel/summary.json $(RUN_DEFAULTS) $(ARGS)
 
 test: model
 	$(VENV)/bin/flywheel prepare-model --model tiny

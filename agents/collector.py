@@ -135,8 +135,7 @@ async def collect_group(
     if settings.nudge and not is_episodic(task.taskset):
         attempts += await nudge(policy, reviewer, task, bare, attempts, settings, limiter)
     if settings.revise and not is_episodic(task.taskset):
-        async with limiter:
-            attempts += await revise(policy, reviewer, task, bare, attempts, settings)
+        attempts += await revise(policy, reviewer, task, bare, attempts, settings, limiter)
     return Group(
         round_index=round_index,
         purpose=purpose,

@@ -28,6 +28,8 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager, nullcontext
+
 import anyio
 
 from agents.attempt import bare_prompt_ids
@@ -86,10 +88,13 @@ def instructions(bare: Messages) -> str | None:
 
 async def revise(
     policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
-    settings: CollectSettings,
+    settings: CollectSettings, limiter: anyio.CapacityLimiter,
 ) -> list[Attempt]:  # fmt: skip
     """The group's revisions, `settings.revisions` draws of one (empty when nothing is
-    revisable); `bare` is the task's prompt with nothing in context, which they answer."""
+    revisable); `bare` is the task's prompt with nothing in context, which they answer.
+    Calls to the policy's server take a slot of `limiter`; the reviewer's draws take one only
+    when the policy is its own reviewer, so a reviewer of its own writes while the policy's
+    slots go on sampling other groups."""
     parent = revisable(attempts, settings.revise_partial)
     if parent is None:
         return []
@@ -102,9 +107,12 @@ async def revise(
         temperature=settings.revise_temperature, max_tokens=settings.max_tokens
     )
     revisions: list[Attempt] = []
+    slots = Slots(limiter, reviewer.client.url == policy.client.url)
 
     async def draw(index: int) -> None:
-        drawn = _revision(policy, reviewer, task, bare, attempts, parent, messages, sampling, index)
+        drawn = _revision(
+            policy, reviewer, task, bare, attempts, parent, messages, sampling, index, slots
+        )
         revisions.append(await drawn)
 
     async with anyio.create_task_group() as group:
@@ -113,9 +121,21 @@ async def revise(
     return sorted(revisions, key=lambda a: a.sample_index)
 
 
+class Slots:
+    """The policy server's request slots, for the policy's calls and, when the policy is its
+    own reviewer, the reviewer's."""
+
+    def __init__(self, limiter: anyio.CapacityLimiter, shared: bool) -> None:
+        self.policy = limiter
+        self._shared = shared
+
+    def reviewer(self) -> AbstractAsyncContextManager[object]:
+        return self.policy if self._shared else nullcontext()
+
+
 async def _revision(
     policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
-    parent: Attempt, messages: Messages, sampling: SamplingSettings, index: int,
+    parent: Attempt, messages: Messages, sampling: SamplingSettings, index: int, slots: Slots,
 ) -> Attempt:  # fmt: skip
     """One draw of the reviewer's revision of `parent`, verified, in the policy's ids."""
     record = {
@@ -128,11 +148,13 @@ async def _revision(
         "context": "revision",
     }
     try:
-        written = await reviewer.client.sample(reviewer.model, messages, sampling)
+        async with slots.reviewer():
+            written = await reviewer.client.sample(reviewer.model, messages, sampling)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **record)
     verdict = await averify(task, written.text)
-    sample = await as_policy_sample(policy, bare, written.text, attempts)
+    async with slots.policy:
+        sample = await as_policy_sample(policy, bare, written.text, attempts)
     reason = verdict.reason + (", truncated" if written.finish_reason == "length" else "")
     return Attempt(
         **record,

@@ -61,7 +61,12 @@ class WorkerSettings(BaseModel):
 
     lease_s: float = Field(120.0, gt=0, description="how long a claim holds without renewal")
     lot_size: int = Field(16, ge=1, description="items claimed at a time")
-    lots_in_flight: int = Field(2, ge=1, description="lots' worth of tasks collected at once")
+    lots_in_flight: int = Field(
+        4,
+        ge=1,
+        description="lots' worth of tasks collected at once: enough that the policy's server "
+        "samples new groups while a reviewer revises the ones before",
+    )
     poll_s: float = Field(2.0, gt=0, description="wait between claims when nothing is free")
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     max_failures: int = Field(3, ge=1, description="failures of a task, server up, before it fails")

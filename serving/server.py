@@ -69,6 +69,7 @@ class ServerSettings(BaseModel):
     kv_cache_gib: int = 2
     tool_parser: str | None = "hermes"  # how `<tool_call>` blocks become OpenAI tool_calls
     cpus: str | None = None  # cores its compute threads are pinned to, e.g. "0" or "2-3"
+    block_size: int | None = None  # KV-cache block in tokens; None: vLLM's own (128 on CPU)
     startup_timeout_s: float = 300.0
     probe_timeout_s: float = 15.0
     log_path: Path = Path(".flywheel/logs/vllm.log")
@@ -279,6 +280,7 @@ class VllmServer:
             s.dtype,
             "--max-model-len",
             str(s.max_model_len),
+            *(["--block-size", str(s.block_size)] if s.block_size else []),
             *self._lora_flags(),
             *self._tool_flags(),
         ]
@@ -324,13 +326,25 @@ def tools_template(model_path: Path) -> Path | None:
     return TEMPLATES / twin if twin else None
 
 
+REVIEWER_BLOCK = 32  # tokens a KV block holds on the reviewer's server (vLLM: a multiple of 32)
+
+
 def side_by_side(
     policy: ServerSettings, reviewer: ServerSettings
 ) -> tuple[ServerSettings, ServerSettings]:
     """A policy's server and a reviewer's on one host: each pinned to cores of its own, the
-    reviewer with one set of weights (no LoRA) in bfloat16 where the CPU computes it."""
+    reviewer with one set of weights (no LoRA) in bfloat16 where the CPU computes it, and with
+    KV blocks small enough (`REVIEWER_BLOCK`) that its prompts, which share a long opening (the
+    instructions and the worked example) and are asked several times over, reuse its cache:
+    at vLLM's 128 on CPU none of them filled a block, and the reviewer spent its time in
+    prefill."""
     policy_cpus, reviewer_cpus = split_cores()
-    reviewer_update = {"cpus": reviewer_cpus, "weights": "fixed", "dtype": cpu_dtype()}
+    reviewer_update = {
+        "cpus": reviewer_cpus,
+        "weights": "fixed",
+        "dtype": cpu_dtype(),
+        "block_size": REVIEWER_BLOCK,
+    }
     return policy.model_copy(update={"cpus": policy_cpus}), reviewer.model_copy(
         update=reviewer_update
     )

@@ -2,6 +2,8 @@
 policy token ids, its slot and weight in training, and its place in the store."""
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from agents.collector import collect_groups
 from agents.context import bare_messages
 from agents.policy import Endpoint, PolicyClient
 from agents.revision import as_policy_sample
@@ -250,3 +253,78 @@ def test_the_example_reviewer_config_turns_on_blind_revisions_of_every_failed_gr
     assert collect.revise and collect.revise_blind and collect.revise_partial
     assert collect.revisions == 4 and collect.revise_temperature == 1.0
     assert settings.train.revision_weight == "distill" and settings.train.mode == "rltldr"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_run_serves_the_reviewer_with_those_settings_unless_told_not_to() -> None:
+    root = Path(__file__).parent.parent
+
+    def run_line(*variables: str) -> str:
+        shown = subprocess.run(["make", "-n", "-s", "run", *variables], cwd=root,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        (line,) = [ln for ln in shown.stdout.splitlines() if " run --summary-json " in ln]
+        return line
+
+    reviewer = "--reviewer qwen2.5-coder-0.5b --config examples/reviewer.toml"
+    assert reviewer in run_line()
+    assert run_line("ARGS=--rounds 1").endswith(f"{reviewer} --rounds 1")  # flags after it win
+    assert "--reviewer" not in run_line("REVIEWER=")  # the policy alone
+
+
+def most_in_flight(own_reviewer: bool) -> dict[str, int]:
+    """Four groups that all fail, revised under a policy limiter of one slot: the most requests
+    each server had in flight at once. A reviewer request waits (up to a second) for a second
+    one to join it, so overlapping revisions show."""
+    now = {"policy": 0, "reviewer": 0}
+    most = dict(now)
+    joined: dict[str, anyio.Event] = {}
+
+    async def serve(server: str, body: dict, text: str, together: int) -> httpx.Response:
+        now[server] += 1
+        most[server] = max(most[server], now[server])
+        if now[server] >= together:
+            joined[server].set()
+        with anyio.move_on_after(1.0):
+            await joined[server].wait()
+        now[server] -= 1
+        return scripted(body, text, [3])
+
+    async def reviewer(request: httpx.Request) -> httpx.Response:
+        return await serve("reviewer", json.loads(request.content), WRONG, together=2)
+
+    async def policy(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            words = len(body["messages"][-1]["content"].split())
+            ends = [] if body.get("continue_final_message") else [9, 8]
+            return httpx.Response(200, json={"tokens": [2, 2, 30, *[32] * words, *ends]})
+        return await serve("policy", body, WRONG, together=1)
+
+    tasks = [TASK.model_copy(update={"task_id": f"{TASK.task_id}-{i}"}) for i in range(4)]
+    settings = CollectSettings(group_size=2, revise=True)
+    policy_client = client_for(policy)
+    reviewer_client = PolicyClient(
+        "http://reviewer", http_client=httpx.AsyncClient(transport=httpx.MockTransport(reviewer))
+    )
+    own = Endpoint(reviewer_client, "judge-model") if own_reviewer else None
+
+    async def main() -> None:
+        joined.update(policy=anyio.Event(), reviewer=anyio.Event())
+        await collect_groups(
+            policy_client, tasks, model="m", round_index=1, purpose="train",
+            settings=settings, limiter=anyio.CapacityLimiter(1), on_group=lambda g: None,
+            reviewer=own,
+        )  # fmt: skip
+
+    anyio.run(main)
+    return most
+
+
+def test_a_reviewer_of_its_own_writes_without_taking_the_policys_slots() -> None:
+    """Revisions waiting on a reviewer server do not hold the policy's request slots (which would
+    idle the policy while the reviewer writes); the policy's own calls still keep within them."""
+    most = most_in_flight(own_reviewer=True)
+    assert most["policy"] == 1  # the limiter's one slot bounds the policy's server
+    assert most["reviewer"] >= 2  # revisions of several groups at once, none holding a slot
+    alone = most_in_flight(own_reviewer=False)
+    assert alone["policy"] == 1 and alone["reviewer"] == 0  # its own reviewer: within the slot

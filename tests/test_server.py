@@ -82,6 +82,22 @@ def test_two_servers_get_disjoint_cores(monkeypatch: pytest.MonkeyPatch) -> None
     assert process._env().get("VLLM_SERVER_DEV_MODE") == os.environ.get("VLLM_SERVER_DEV_MODE")
 
 
+def test_a_reviewer_beside_the_policy_caches_its_prompts_in_small_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reviewer's prompts share their opening and are asked several times over: its KV
+    blocks are small enough to be reused; the policy keeps vLLM's own."""
+    from serving import server
+
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1})
+    base = ServerSettings(python=Path(sys.executable), model_path=Path("m"), served_name="m")
+    policy, reviewer = server.side_by_side(base, base.model_copy(update={"port": 8012}))
+    asked = VllmServer(reviewer)._command()
+    assert asked[asked.index("--block-size") + 1] == str(server.REVIEWER_BLOCK) == "32"
+    assert "--block-size" not in VllmServer(policy)._command()
+    assert (policy.cpus, reviewer.cpus, reviewer.weights) == ("0", "1", "fixed")
+
+
 def test_bfloat16_only_where_the_cpu_computes_it(tmp_path: Path) -> None:
     from serving.server import cpu_dtype
 

@@ -26,6 +26,8 @@ from verifiers.reasoning import eval_tasks, train_tasks
 
 pytestmark = pytest.mark.vllm
 
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
 
 def collect(url: str, model: str, n_tasks: int, group_size: int) -> list:
     async def run():
@@ -454,8 +456,9 @@ def test_a_server_with_the_wrong_model_ends_the_run_with_one_line(
 def test_a_reviewer_model_is_served_beside_the_policy(
     tiny_model_path: Path, tmp_path: Path, prefect_server: None
 ) -> None:
-    """`flywheel run --reviewer`: a second server, on cores of its own, writes the reflections;
-    both servers are stopped when the run ends."""
+    """`flywheel run --reviewer` with `make run`'s settings: a second server, on cores of its
+    own and with small KV blocks, writes the revisions (and, with R3L, the reflections); both
+    servers are stopped when the run ends."""
     import os
     import shutil
 
@@ -472,14 +475,16 @@ def test_a_reviewer_model_is_served_beside_the_policy(
         tmp_path,
         *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
         str(tiny_model_path),
-        *("--reviewer", str(reviewer), "--reflect-retry", "1", "--mode", "r3l"),
+        *("--reviewer", str(reviewer), "--config", str(EXAMPLES / "reviewer.toml")),
+        *("--reflect-retry", "1", "--mode", "r3l"),
         *("--server-python", str(SERVER_PYTHON), "--port", str(port)),
     )
     with store.transaction(store.open_store(db)) as session:
         groups = store.load_groups(session, "train", round_index=1)
-    reflections = [a for g in groups for a in g.attempts if a.kind == "reflection"]
-    assert reflections and {a.policy_version for a in reflections} == {"tiny-reviewer"}
+    for kind in ("reflection", "revision"):
+        written = [a for g in groups for a in g.attempts if a.kind == kind]
+        assert written and {a.policy_version for a in written} == {"tiny-reviewer"}, kind
     assert summary["wall_seconds"]["server_start"] > 0
-    assert (tmp_path / "logs" / "reviewer.log").stat().st_size > 0
+    assert "'block_size': 32" in (tmp_path / "logs" / "reviewer.log").read_text()
     for each in (port, port + 1):
         ensure_port_free("127.0.0.1", each)

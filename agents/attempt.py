@@ -19,6 +19,7 @@ from agents.errors import PolicyError
 from agents.policy import PolicyClient
 from memory.records import Attempt, AttemptKind, SamplingSettings
 from verifiers.catalog import averify
+from verifiers.errors import TaskFault
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,19 @@ async def attempt_task(
     conditioning: Conditioning = BARE,
     kind: AttemptKind | None = None,
 ) -> Attempt:
-    """Sample `messages` once and verify the answer; a refused call is recorded on the attempt
-    (`ServerUnavailable` propagates: it is no attempt's answer)."""
+    """Sample `messages` once and verify the answer; a refused call, or a verifier that raised or
+    hung on the answer, is recorded on the attempt (`ServerUnavailable` propagates: it is no
+    attempt's answer)."""
     base = {"sample_index": index, "policy_version": model, "messages": messages}
     base |= conditioning.fields(kind)
     try:
         sample = await annealing.sample(client, model, messages, sampling)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
-    verdict = await averify(task, sample.text)
+    try:
+        verdict = await averify(task, sample.text)
+    except TaskFault as fault:
+        return Attempt.faulted(str(fault), **base, sampling=sampling, sample=sample)
     reason = verdict.reason
     if sample.finish_reason == "length":
         reason += ", truncated"

@@ -6,6 +6,9 @@
    group is marked incomplete (never trained on). A server that could not answer
    (`ServerUnavailable`) abandons the group instead: nothing of it is kept, `on_failure` hears
    of it (a worker gives the task back to the queue), and the rest of the batch goes on.
+   So does the task's own failure (`TaskFault`: its verifier, environment or sandbox raised or
+   hung, recorded on the attempt), and any other exception met while collecting one task: it
+   is that task's, and never cancels the other groups.
 3. Each group is handed to `on_group` as soon as it is whole, so a crash loses at most the groups
    in flight; tasks listed in `skip` (already stored) are not sampled again.
 4. The methods, each in its own module: what each slot's prompt holds (`agents.slots`: guided
@@ -36,11 +39,15 @@ from agents.settings import CollectSettings
 from agents.slots import wave
 from memory.records import Attempt, Group, GroupPurpose
 from verifiers.catalog import is_episodic
+from verifiers.errors import TaskFault
+from verifiers.guard import applied
 from verifiers.task import Task
 
-__all__ = ["collect_group", "collect_groups", "first_failure"]
+__all__ = ["Failure", "collect_group", "collect_groups", "first_failure"]
 
 log = logging.getLogger(__name__)
+
+Failure = ServerUnavailable | TaskFault  # why a group could not be collected
 
 
 async def collect_groups(
@@ -55,36 +62,38 @@ async def collect_groups(
     on_group: Callable[[Group], None],
     skip: Collection[str] = (),
     reviewer: Endpoint | None = None,
-    on_failure: Callable[[Task, ServerUnavailable], None] | None = None,
+    on_failure: Callable[[Task, Failure], None] | None = None,
 ) -> list[Group]:
     """Sample, verify and hand over one group per task not in `skip`; returns the new groups.
 
-    Reflections and judgements come from `reviewer`, by default the policy itself. A group the
-    server could not finish goes to `on_failure`; without one, the failure cancels the batch.
+    Reflections and judgements come from `reviewer`, by default the policy itself. A group that
+    could not be collected goes to `on_failure` with why (the server's failure or the task's);
+    without one, the failure cancels the batch.
     """
     todo = [task for task in tasks if task.task_id not in skip]
     groups: list[Group] = []
     board = InsightBoard() if settings.insights else None
 
     async def run_group(task: Task) -> None:
-        group: Group | None = None
         try:
-            group = await collect_group(
-                client,
-                task,
-                model=model,
-                round_index=round_index,
-                purpose=purpose,
-                settings=settings,
-                limiter=limiter,
-                board=board,
-                reviewer=reviewer,
-            )
-        except* ServerUnavailable as failures:
+            with applied(settings.guard):
+                group = await collect_group(
+                    client,
+                    task,
+                    model=model,
+                    round_index=round_index,
+                    purpose=purpose,
+                    settings=settings,
+                    limiter=limiter,
+                    board=board,
+                    reviewer=reviewer,
+                )
+            if group.fault is not None:
+                raise TaskFault(group.fault)
+        except Exception as exc:  # noqa: BLE001 - one task's failure is that task's (docstring 2)
             if on_failure is None:
                 raise
-            on_failure(task, first_failure(failures))
-        if group is None:
+            on_failure(task, classify(task, exc))
             return
         on_group(group)
         groups.append(group)
@@ -95,6 +104,29 @@ async def collect_groups(
         for task in todo:
             tg.start_soon(run_group, task)
     return groups
+
+
+def classify(task: Task, error: Exception) -> Failure:
+    """Why a group could not be collected: the server's failure if any part of it was one, else
+    the task's own (an unexpected exception is logged with its traceback, then counted as the
+    task's, so a bug met on one task cannot stop the others)."""
+    leaves = list(_leaves(error))
+    server = next((e for e in leaves if isinstance(e, ServerUnavailable)), None)
+    if server is not None:
+        return server
+    fault = next((e for e in leaves if isinstance(e, TaskFault)), None)
+    if fault is not None:
+        return fault
+    first = leaves[0]
+    log.error("%s: collecting it raised", task.task_id, exc_info=first)
+    line = (str(first).strip().splitlines() or [""])[0][:300]
+    return TaskFault(f"collecting the task raised {type(first).__name__}: {line}")
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 def first_failure(group: BaseExceptionGroup[ServerUnavailable]) -> ServerUnavailable:

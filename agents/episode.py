@@ -12,7 +12,9 @@
    into OpenAI `tool_calls` for the environment, which validates them.
 3. The episode ends when the environment says so, when a turn is cut by the token limit, when
    the sequence would pass `max_sequence` tokens, or on a server error (recorded on the
-   attempt with its reason, never raised).
+   attempt with its reason, never raised). The environment is the task set's own code: each
+   call runs under the deadline in force (`verifiers.guard`), and one that raises or hangs ends
+   the episode as the task's fault (`Attempt.faulted`).
 4. With EAD (`Annealing` in the sampling settings) each turn is sampled at the temperature the
    schedule gives the episode's next token: one temperature per turn, the per-step
    approximation of annealing over tokens.
@@ -35,7 +37,10 @@ from typing import Any
 from agents.errors import PolicyError
 from agents.policy import PolicyClient
 from memory.records import Attempt, Sample, SamplingSettings
+from verifiers import guard
 from verifiers.episode import Environment
+from verifiers.errors import TaskFault
+from verifiers.verdict import Verdict
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_SEQUENCE = 1800
@@ -79,8 +84,11 @@ async def run_episode(
     sampling: SamplingSettings,
     index: int,
 ) -> Attempt:
-    messages = _opening(env)
     base = {"sample_index": index, "kind": "base", "policy_version": model, "sampling": sampling}
+    try:
+        messages = await _opening(env)
+    except TaskFault as fault:
+        return Attempt.faulted(str(fault), **base, messages=[])
     try:
         prompt = await client.tokenize(model, messages)
     except PolicyError as exc:
@@ -103,7 +111,11 @@ async def retry_episode(
     turns = [m for m in parent.messages if m["role"] == "assistant"]
     from_turn = max(0, min(from_turn, len(turns) - 1))
     pivot = 0 if from_turn == 0 else parent.forced_spans[from_turn - 1][1]
-    opening = _opening(fresh)
+    try:
+        opening = await _opening(fresh)
+    except TaskFault as fault:
+        return Attempt.faulted(str(fault), **_retry_record(parent, principle, pivot, sampling),
+                               messages=[])  # fmt: skip
     guided = [
         {
             "role": "system",
@@ -112,17 +124,7 @@ async def retry_episode(
         *opening[1:],
     ]
     replayed = parent.messages[len(opening) : _turn_position(parent.messages, from_turn)]
-    base = {
-        "sample_index": parent.sample_index,
-        "kind": "retry",
-        "policy_version": parent.policy_version,
-        "sampling": sampling,
-        "context": "hint",
-        "guidance": principle,
-        "parent_index": parent.sample_index,
-        "bare_prompt_token_ids": parent.sample.prompt_token_ids,
-        "pivot_tokens": pivot,
-    }
+    base = _retry_record(parent, principle, pivot, sampling)
     try:
         prompt = await client.tokenize(parent.policy_version, guided)
     except PolicyError as exc:
@@ -133,13 +135,34 @@ async def retry_episode(
         forced=[span for span in parent.forced_spans if span[1] <= pivot],
         texts=[m.get("content") or "" for m in replayed if m["role"] == "assistant"],
     )
-    env = fresh.replay([_action(m) for m in turns[:from_turn]])
+    actions = [_action(m) for m in turns[:from_turn]]
+    try:
+        env = await guard.run(_label(fresh, "replay"), fresh.replay, actions)
+    except TaskFault as fault:
+        return Attempt.faulted(str(fault), **base, messages=guided)
     retry = await _play(
         client, env, parent.policy_version, sampling, base, prompt, [*guided, *replayed], trace
     )
     return retry.model_copy(
         update={"improved": retry.error is None and retry.reward > parent.reward}
     )
+
+
+def _retry_record(
+    parent: Attempt, principle: str, pivot: int, sampling: SamplingSettings
+) -> dict[str, Any]:
+    assert parent.sample is not None
+    return {
+        "sample_index": parent.sample_index,
+        "kind": "retry",
+        "policy_version": parent.policy_version,
+        "sampling": sampling,
+        "context": "hint",
+        "guidance": principle,
+        "parent_index": parent.sample_index,
+        "bare_prompt_token_ids": parent.sample.prompt_token_ids,
+        "pivot_tokens": pivot,
+    }
 
 
 class _Trace:
@@ -177,6 +200,22 @@ async def _play(
     messages: list[dict[str, Any]],
     trace: _Trace,
 ) -> Attempt:
+    try:
+        return await _played(client, env, model, sampling, base, prompt, messages, trace)
+    except TaskFault as fault:
+        return Attempt.faulted(str(fault), **base, messages=messages)
+
+
+async def _played(
+    client: PolicyClient,
+    env: Environment,
+    model: str,
+    sampling: SamplingSettings,
+    base: dict[str, Any],
+    prompt: list[int],
+    messages: list[dict[str, Any]],
+    trace: _Trace,
+) -> Attempt:
     reason = ""
     while len(trace.texts) < env.max_steps:
         try:
@@ -188,7 +227,7 @@ async def _play(
         trace.generated += len(turn.completion_token_ids)
         trace.texts.append(turn.text)
         action = _action({"role": "assistant", "content": turn.text})
-        observation = env.step(action)
+        observation = await guard.run(_label(env, "step"), env.step, action)
         messages = [*messages, action]
         if observation.done:
             messages = [*messages, *observation.messages]  # for the record; nothing follows
@@ -209,18 +248,18 @@ async def _play(
         trace.ids += reply
         trace.logprobs += [0.0] * len(reply)
         messages = [*messages, *observation.messages]
-    return _attempt(env, base, messages, prompt, trace, reason)
+    verdict = await guard.run(_label(env, "verdict"), env.verdict)
+    return _attempt(verdict, base, messages, prompt, trace, reason)
 
 
 def _attempt(
-    env: Environment,
+    verdict: Verdict,
     base: dict[str, Any],
     messages: list[dict[str, Any]],
     prompt: list[int],
     trace: _Trace,
     cut: str,
 ) -> Attempt:
-    verdict = env.verdict()
     lines = []
     for number, text in enumerate(trace.texts):
         lines.append(f"Turn {number}: {text.strip()}")
@@ -248,12 +287,17 @@ def _attempt(
     )
 
 
-def _opening(env: Environment) -> list[dict[str, Any]]:
-    messages = env.reset()
+def _label(env: Environment, call: str) -> str:
+    return f"environment {type(env).__name__}: {call}"
+
+
+async def _opening(env: Environment) -> list[dict[str, Any]]:
+    messages = await guard.run(_label(env, "reset"), env.reset)
     tools = getattr(env, "tools", None)
     if tools is None:
         return messages
-    system = f"{messages[0]['content']}\n\n{tool_prompt(tools())}"
+    described = await guard.run(_label(env, "tools"), tools)
+    system = f"{messages[0]['content']}\n\n{tool_prompt(described)}"
     return [{"role": "system", "content": system}, *messages[1:]]
 
 

@@ -34,7 +34,7 @@ from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from memory.records import FULL_REWARD, Attempt, SamplingSettings, describe
-from verifiers.catalog import environment, is_episodic
+from verifiers.catalog import astart, is_episodic
 from verifiers.task import Task
 
 REFLECT_SYSTEM = (
@@ -214,7 +214,7 @@ async def reflect_and_retry(
     async def retry(parent: Attempt, reflection: AnyReflection) -> Attempt:
         if episodic:
             return await retry_episode(
-                policy.client, environment(task), parent, reflection.principle,
+                policy.client, await astart(task), parent, reflection.principle,
                 reflection.retry_from_step, sampling,
             )  # fmt: skip
         return await hint_retry(policy, task, settings.system(task), parent, reflection, sampling)

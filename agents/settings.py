@@ -10,6 +10,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from agents.strategy import StrategySettings
 from memory.records import Annealing
 from verifiers.catalog import system_prompt
+from verifiers.guard import Guard
 from verifiers.task import Task
 
 
@@ -34,6 +35,7 @@ class CollectSettings(BaseModel):
     revise_blind: bool = False  # HeRL: the reviewer answers afresh, not shown the failure
     nudge: bool = False  # NudgeRL: a reviewer's hint for a group that all failed (agents.nudge)
     strategy: StrategySettings | None = None
+    guard: Guard = Guard()  # the deadline and input limit on the task set's own code
     lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo
         (),
         validation_alias=AliasChoices("lessons", "experience"),  # plans stored before 0.2

@@ -29,7 +29,8 @@ from agents.policy import PolicyClient
 from agents.settings import CollectSettings
 from agents.strategy import reflection_note, strategy_attempt
 from memory.records import Attempt, SamplingSettings
-from verifiers.catalog import environment, is_episodic, worked_example
+from verifiers.catalog import astart, is_episodic, worked_example
+from verifiers.errors import TaskFault
 from verifiers.task import Task
 
 
@@ -78,7 +79,12 @@ async def first_attempt(
         annealing=settings.annealing,
     )
     if is_episodic(task.taskset):  # played turn by turn; no guidance yet
-        return await run_episode(client, environment(task), model, sampling, index)
+        try:
+            env = await astart(task)
+        except TaskFault as fault:
+            base = {"sample_index": index, "policy_version": model, "messages": []}
+            return Attempt.faulted(str(fault), **base, sampling=sampling)
+        return await run_episode(client, env, model, sampling, index)
     messages, held = conditioning(task, settings, index, insights, earlier)
     if settings.strategy is None:
         return await attempt_task(client, task, messages, model, sampling, index, held)

@@ -1,8 +1,10 @@
 """Held-out evaluation: one greedy sample per held-out task, nothing in context, and the baseline.
 
 1. An evaluation is collected like any batch (purpose `eval`), so a version evaluated again finds
-   its groups stored and samples nothing; a batch with a task that failed for good raises, so a
-   figure is never computed from calls that failed.
+   its groups stored and samples nothing; a batch with a task the server failed for good
+   raises, so a figure is never computed from calls that failed. A task that failed by its own
+   doing (its verifier raised or hung) is left out, and the figures say over how many tasks
+   they were computed.
 2. The baseline is the base model's evaluation, stored the first time and read back after.
 3. `paired` compares two versions on the same held-out tasks: tasks gained and tasks lost.
 """
@@ -26,12 +28,15 @@ from verifiers.task import Task
 
 
 class Evaluation(BaseModel):
-    """A version's held-out figures: correct answers and well-formed answers, per task."""
+    """A version's held-out figures: correct answers and well-formed answers, per task, over
+    `tasks` tasks (`left_out` more failed by their own doing)."""
 
     model_config = ConfigDict(frozen=True)
 
     pass_at_1: float
     format_rate: float
+    tasks: int
+    left_out: int = 0
 
 
 async def evaluate(
@@ -51,11 +56,13 @@ async def evaluate(
 
 def _figures(groups: list[Group], expected: int) -> Evaluation:
     attempts = [a for g in groups for a in g.attempts]
-    if len(groups) != expected or not attempts:
+    if len(groups) > expected or not attempts:
         raise RuntimeError(f"{len(groups)} evaluation groups for {expected} held-out tasks")
     return Evaluation(
         pass_at_1=statistics.fmean(a.correct for a in attempts),
         format_rate=statistics.fmean(a.format_ok for a in attempts),
+        tasks=len(groups),
+        left_out=expected - len(groups),
     )
 
 

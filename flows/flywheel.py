@@ -30,8 +30,8 @@ from prefect.deployments import run_deployment
 
 from flows import evaluation, rounds, stages, worker
 from flows.settings import RunSettings
-from flows.summary import RoundSummary, RunSummary
-from memory import sessions, store
+from flows.summary import FailedTask, RoundSummary, RunSummary
+from memory import sessions, store, workqueue
 from verifiers.catalog import train_tasks
 
 DRAIN = "flywheel-drain/drain"  # the queue worker deployment of `flows.pools`
@@ -64,7 +64,25 @@ async def flywheel_run(
         ended = time.monotonic() - started
         summary.rounds.append(done.model_copy(update={"started_s": began, "ended_s": ended}))
     summary.wall_seconds = clock.seconds
+    summary.failed_tasks = _failed_tasks(settings, {0, *(r.round_index for r in summary.rounds)})
     return summary
+
+
+def _failed_tasks(settings: RunSettings, round_indices: set[int]) -> list[FailedTask]:
+    """The tasks of these rounds left out for failing by their own doing."""
+    with store.transaction(stages.engine(settings.db_url)) as session:
+        items = workqueue.failed(session)
+    return [
+        FailedTask(
+            round_index=item.round_index,
+            purpose=item.purpose,
+            task_id=item.task_id,
+            failures=item.failures,
+            error=item.error or "",
+        )  # fmt: skip
+        for item in items
+        if item.fault == "task" and item.round_index in round_indices
+    ]
 
 
 def _time_for_a_round(minutes: float | None, elapsed_s: float, done: list[RoundSummary]) -> bool:

@@ -12,6 +12,8 @@ from flows.table import text_table
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
+    from memory.records import WorkItem
+
 
 def status(args: argparse.Namespace) -> int:
     from memory import store
@@ -37,6 +39,7 @@ def _store_lines(session: Session) -> list[str]:
         f"queue: {workqueue.queue_depth(session)} tasks waiting or claimed, by "
         f"{len(workqueue.claim_holders(session))} workers",
         f"experience library: {library.size(session)} active lessons",
+        *_failed_lines(workqueue.failed(session)),
         "versions:",
     ]
     for v in store.policy_versions(session):
@@ -52,6 +55,18 @@ def _store_lines(session: Session) -> list[str]:
             f"   {r.round_index:<3} {r.status:<8} {r.method:<7} {r.policy_in} -> "
             f"{r.policy_out or '-'}  train tokens {tokens}"
         )
+    return lines
+
+
+def _failed_lines(failed: list[WorkItem]) -> list[str]:
+    """Tasks that failed for good: how many by their own doing, and the last few reasons."""
+    if not failed:
+        return []
+    own = sum(item.fault == "task" for item in failed)
+    lines = [f"failed tasks: {len(failed)} ({own} by their own doing, {len(failed) - own} for "
+             "want of a server)"]  # fmt: skip
+    for item in failed[-3:]:
+        lines.append(f"   round {item.round_index} {item.purpose} {item.task_id}: {item.error}")
     return lines
 
 

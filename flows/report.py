@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
 from flows.table import text_table
-from memory import library, store
+from memory import library, store, workqueue
 
 
 class RoundRow(BaseModel):
@@ -46,6 +46,7 @@ class Report(BaseModel):
     rounds: list[RoundRow]
     library_sizes: list[tuple[str, int]] = []  # (ISO time, active lessons)
     lessons: list[tuple[int, float, str]] = []  # (exposures, utility, text)
+    failed: list[tuple[int, str, str, str, str]] = []  # (round, purpose, task, whose, error)
 
 
 def build(session: Session) -> Report:
@@ -56,7 +57,13 @@ def build(session: Session) -> Report:
     rounds = [_round_row(session, r) for r in store.training_rounds(session, last=1000)]
     sizes = [(at.isoformat(), n) for at, n in library.size_history(session)]
     lessons = [(e.exposures, e.utility, e.text) for e in library.lessons(session)]
-    return Report(versions=versions, rounds=rounds, library_sizes=sizes, lessons=lessons)
+    failed = [
+        (item.round_index, item.purpose, item.task_id, item.fault or "server", item.error or "")
+        for item in workqueue.failed(session)
+    ]
+    return Report(
+        versions=versions, rounds=rounds, library_sizes=sizes, lessons=lessons, failed=failed
+    )
 
 
 def _round_row(session: Session, record: Any) -> RoundRow:
@@ -104,6 +111,11 @@ def format_table(report: Report) -> str:
     if not report.rounds:
         lines.append("(no rounds yet: run `flywheel run`)")
     lines.append("ok:<context> = success rate of first attempts sampled under that context")
+    if report.failed:
+        lines += ["", f"failed tasks ({len(report.failed)}):"]
+        failed_rows = [(str(r), purpose, task, whose, error[:120])
+                       for r, purpose, task, whose, error in report.failed]  # fmt: skip
+        lines.append(text_table(["round", "purpose", "task", "whose", "last error"], failed_rows))
     return "\n".join(lines)
 
 

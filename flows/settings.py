@@ -15,6 +15,7 @@ from flows.errors import FlowError
 from memory.records import Annealing, describe
 from serving.promotion import Gate
 from trainer.settings import TrainSettings
+from verifiers.guard import Guard
 
 DEFAULT_WORKDIR = Path(".flywheel")
 
@@ -135,6 +136,12 @@ class RunSettings(BaseModel):
     stage_timeout_s: float = Field(
         7200.0, gt=0, description="a stage (collect, train, swap, ...) running longer fails"
     )
+    guard: Guard = Field(
+        Guard(),
+        description="limits on the task set's own code (verifier, environment, sandbox): a "
+        "call past deadline_s, or one that raises, is the task's failure; answers longer than "
+        "max_chars are wrong unread",
+    )
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()
 
@@ -177,11 +184,14 @@ class RunSettings(BaseModel):
             nudge=self.nudge,
             annealing=self.annealing if self.anneal else None,
             strategy=self.strategy if self.sge else None,
+            guard=self.guard,
         )
 
     def eval_settings(self) -> CollectSettings:
         """Held-out evaluation: one greedy sample per task, no guidance in context."""
-        return CollectSettings(group_size=1, temperature=0.0, max_tokens=self.max_tokens)
+        return CollectSettings(
+            group_size=1, temperature=0.0, max_tokens=self.max_tokens, guard=self.guard
+        )
 
 
 def load_run_settings(

@@ -1,8 +1,10 @@
 """The stages of a round as Prefect tasks: collect, curate, train and swap.
 
 1. `collect` enqueues a batch on the store's work queue and works it here, with any other
-   workers sharing the store, until every task is done; a task that failed for good fails the
-   stage, so a batch is complete or it is an error, never a partial answer.
+   workers sharing the store, until every task is done or failed. A task that failed by its
+   own doing (its verifier, environment or sandbox raised or hung, `max_failures` times) is
+   left out with its reason, and the batch goes on; one that failed for want of a server fails
+   the stage, so no figure is ever computed from calls the server could not answer.
 2. `curate` grows the experience library from a round's lessons the verifier confirmed: the
    principles of retries that beat their parent, and insights a later attempt succeeded with.
 3. `train` runs one TRL round on complete groups and publishes the adapter.
@@ -73,7 +75,8 @@ async def collect(
 ) -> list[Group]:
     """Enqueue one work item per task not yet stored, collect them here (with any other
     workers sharing the store), wait until the batch is done; return all its groups. A task
-    that failed for good fails the stage: a batch is complete or it is an error."""
+    that failed by its own doing is left out (logged, and kept on its work item); one that
+    failed for want of a server fails the stage."""
     db = engine(settings.db_url)
     batch = (round_index, purpose, version)
     shaping = settings.outcome if purpose == "train" else None
@@ -114,10 +117,15 @@ async def collect(
     with store.transaction(db) as session:
         failed = workqueue.failed(session, *batch)
         groups = store.load_groups(session, purpose, round_index, version)
-    if failed:
+    server = [item for item in failed if item.fault != "task"]
+    if server:
         raise ServerUnavailable(
-            f"{len(failed)} of {len(tasks)} {purpose} tasks failed {failed[0].failures} times "
-            f"(run again to retry them); the last error: {failed[0].error}"
+            f"{len(server)} of {len(tasks)} {purpose} tasks failed {server[0].failures} times "
+            f"(run again to retry them); the last error: {server[0].error}"
+        )
+    for item in failed:
+        get_run_logger().warning(
+            "%s: %s task left out, failed by its own doing: %s", item.task_id, purpose, item.error
         )
     return [g for g in groups if g.task_id in wanted]
 

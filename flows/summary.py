@@ -30,6 +30,17 @@ class RoundSummary(BaseModel):
     ended_s: float = 0.0
 
 
+class FailedTask(BaseModel):
+    """A task left out of its batch because it failed by its own doing (its verifier,
+    environment or sandbox raised or hung), with the last reason."""
+
+    round_index: int
+    purpose: str
+    task_id: str
+    failures: int
+    error: str
+
+
 class RunSummary(BaseModel):
     base_model: str
     taskset: str
@@ -39,6 +50,7 @@ class RunSummary(BaseModel):
     db_url: str
     rounds: list[RoundSummary] = Field(default_factory=list)
     wall_seconds: dict[str, float] = Field(default_factory=dict)
+    failed_tasks: list[FailedTask] = Field(default_factory=list)
 
 
 def format_table(summary: RunSummary) -> str:
@@ -84,6 +96,12 @@ def format_table(summary: RunSummary) -> str:
     lines.append(f"held-out: {summary.eval_tasks} {summary.taskset} tasks, greedy, no guidance")
     lines.append("bare ok: success rate of the train attempts sampled with no guidance")
     lines.append(_verdict(summary))
+    if summary.failed_tasks:
+        first = summary.failed_tasks[0]
+        lines.append(
+            f"left out: {len(summary.failed_tasks)} tasks failed by their own doing "
+            f"(the first, {first.task_id}: {first.error})"
+        )
     return "\n".join(lines)
 
 

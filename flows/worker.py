@@ -13,14 +13,17 @@
 4. Insights (RLTLDR) are shared within one worker's lot, not across workers.
 5. When the plan carries library lessons, the group's with/without gain is credited to them in
    the same transaction (EDGE's utility).
-6. A group the server could not finish is not stored: its item goes back to the queue with
-   backoff (`workqueue.give_back`). One probe decides whose failure it was: a server that still
-   generates makes it the item's failure (counted, up to `max_failures`), a server that does not
-   makes it an outage (not counted). A deadline passed under load (`ServerBusy`) is never
-   counted: the queue was too long, not the task at fault. The worker then halves the requests
-   it keeps in flight, and grows them back by one a stored group (`_ease_off`). Before each lot
-   the worker waits for the server to generate with the lot's version (`flows.readiness`), up
-   to `outage_s`; after that it stops with `ServerUnavailable`, giving back everything it held.
+6. A group that could not be collected is not stored: its item goes back to the queue with
+   backoff (`workqueue.give_back`). The task's own failure (`TaskFault`: its verifier,
+   environment or sandbox raised or hung) is always counted, up to `max_failures`, after which
+   the item fails with the reason and the batch goes on without it. For the server's failure,
+   one probe decides whose it was: a server that still generates makes it the item's failure
+   (counted, up to `max_failures`), a server that does not makes it an outage (not counted).
+   A deadline passed under load (`ServerBusy`) is never counted: the queue was too long, not
+   the task at fault. The worker then halves the requests it keeps in flight, and grows them
+   back by one a stored group (`_ease_off`). Before each lot the worker waits for the server to
+   generate with the lot's version (`flows.readiness`), up to `outage_s`; after that it stops
+   with `ServerUnavailable`, giving back everything it held.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
 from agents import outcome
-from agents.collector import collect_groups, first_failure
+from agents.collector import Failure, collect_groups, first_failure
 from agents.errors import ServerBusy, ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
@@ -142,7 +145,7 @@ def release_dead_local_workers(engine: Engine) -> int:
     host = socket.gethostname()
     with store.transaction(engine) as session:
         dead = [owner for owner in workqueue.claim_holders(session) if _dead_here(owner, host)]
-        released = workqueue.release(session, dead) if dead else 0
+        released = workqueue.release(session, dead, dead=True) if dead else 0
     if released:
         log.info("released %d claims of %d dead workers on this machine", released, len(dead))
     return released
@@ -151,7 +154,7 @@ def release_dead_local_workers(engine: Engine) -> int:
 def _release_own(engine: Engine, owner: str) -> None:
     """A worker that stops, for any reason, gives back what it had not finished at once."""
     with store.transaction(engine) as session:
-        released = workqueue.release(session, [owner])
+        released = workqueue.release(session, [owner], dead=False)
     if released:
         log.warning("worker %s stopped with %d tasks unfinished: put back", owner, released)
 
@@ -245,7 +248,7 @@ async def _collect_lot(
     collected together (so they share an insight board). Items whose group failed for want of
     a server go back to the queue."""
     stored = 0
-    failures: dict[int, ServerUnavailable] = {}
+    failures: dict[int, Failure] = {}
 
     async def collect_share(items: list[WorkItem]) -> None:
         nonlocal stored
@@ -286,7 +289,7 @@ async def _collect_lot(
     return stored
 
 
-def _ease_off(limiter: anyio.CapacityLimiter, failures: Iterable[ServerUnavailable]) -> None:
+def _ease_off(limiter: anyio.CapacityLimiter, failures: Iterable[Failure]) -> None:
     """Deadlines that passed under load (`ServerBusy`): halve the requests this worker keeps in
     flight, from the most that were in flight then. Each group stored adds one back, up to
     `concurrency`, so a server slower than the load settles where its answers come in time."""
@@ -305,21 +308,27 @@ def _ease_off(limiter: anyio.CapacityLimiter, failures: Iterable[ServerUnavailab
 async def _give_back(
     engine: Engine,
     lot: list[WorkItem],
-    failures: dict[int, ServerUnavailable],
+    failures: dict[int, Failure],
     owner: str,
     settings: WorkerSettings,
     readiness: Readiness,
 ) -> None:
-    """Put failed items back; one probe per version says whether they count as failures."""
+    """Put failed items back. The task's own failures always count; for the server's, one
+    probe per version says whether they count."""
     items = {item.id: item for item in lot if item.id in failures}
-    versions = {item.policy_version for item in items.values()}
+    server = {i for i, failure in failures.items() if isinstance(failure, ServerUnavailable)}
+    versions = {item.policy_version for i, item in items.items() if i in server}
     up = {v: await anyio.to_thread.run_sync(readiness.check, v) is None for v in versions}
     with store.transaction(engine) as session:
         for item_id, item in items.items():
             assert item_id is not None
-            counted = up[item.policy_version] and not isinstance(failures[item_id], ServerBusy)
+            failure = failures[item_id]
+            counted = item_id not in server or (
+                up[item.policy_version] and not isinstance(failure, ServerBusy)
+            )
             state = workqueue.give_back(
-                session, item_id, owner, str(failures[item_id]), counted=counted,
+                session, item_id, owner, str(failure),
+                fault="server" if item_id in server else "task", counted=counted,
                 retry_after_s=settings.backoff(item.failures + int(counted)),
                 max_failures=settings.max_failures,
             )  # fmt: skip

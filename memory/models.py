@@ -252,6 +252,8 @@ class WorkItemRow(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0)
     not_before: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+    fault: Mapped[str | None] = mapped_column(String(10))
+    abandoned: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 

@@ -25,6 +25,8 @@ AttemptKind = Literal[
 ]
 FULL_REWARD = 1.0  # the verifier's reward for a complete, correct answer
 UNRATED = "captured, no feedback yet"  # the reason on captured traffic before any score
+POLICY_FAILED = "policy call failed"  # the reason of an attempt whose call the server refused
+TASK_FAULT = "task fault"  # the reason of an attempt the task set's own code failed
 FIRST_KINDS: tuple[AttemptKind, ...] = ("base", "guided")  # one per slot, as first sampled
 ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry", "nudge")  # at the task itself
 VERIFIED_KINDS: tuple[AttemptKind, ...] = (*ROLLOUT_KINDS, "revision")  # answers with a verdict
@@ -163,8 +165,19 @@ class Attempt(Record):
         """An attempt whose policy call failed: recorded with the reason, reward 0."""
         values: dict[str, Any] = {"sample": None, "reward": 0.0, "correct": False}
         values |= {"format_ok": False}
-        values |= {"answer": None, "reason": "policy call failed", "error": error}
+        values |= {"answer": None, "reason": POLICY_FAILED, "error": error}
         return cls(**values | fields)
+
+    @classmethod
+    def faulted(cls, error: str, **fields: Any) -> Attempt:
+        """An attempt the task set's own code failed on (its verifier, environment or sandbox
+        raised or passed its deadline): recorded with the reason, reward 0. Its group goes back
+        to the queue as the task's failure."""
+        return cls.failed(error, **fields | {"reason": TASK_FAULT})
+
+    @property
+    def task_fault(self) -> bool:
+        return self.error is not None and self.reason == TASK_FAULT
 
     @field_validator("forced_spans", mode="before")
     @classmethod
@@ -233,6 +246,11 @@ class Group(Record):
         return indices == set(range(self.size)) and no_errors
 
     @property
+    def fault(self) -> str | None:
+        """The first task fault among the attempts (see `Attempt.faulted`), if any."""
+        return next((a.error for a in self.attempts if a.task_fault), None)
+
+    @property
     def first_attempts(self) -> list[Attempt]:
         """One attempt per slot, as first sampled (no retries or reflections)."""
         return [a for a in self.attempts if a.kind in FIRST_KINDS]
@@ -271,6 +289,7 @@ class AliasEvent(Record):
 
 
 WorkState = Literal["queued", "claimed", "done", "failed"]
+Fault = Literal["task", "server"]  # whose failure a given-back item last met
 
 
 class WorkItem(Record):
@@ -281,7 +300,9 @@ class WorkItem(Record):
     `lease_expires_at` is a Unix time; a claim whose lease has passed may be taken again.
     An item given back after a failure is not claimed before `not_before`; `failures` counts
     the failures that happened while the server answered probes (an outage counts none), and
-    `error` is the last one.
+    `error` is the last one; `fault` says whose it was: the task's own (its verifier,
+    environment or sandbox raised or hung) or the server's. `abandoned` counts claims that ended
+    with their worker gone (a lease that ran out, a process found dead).
     """
 
     id: int | None = None
@@ -297,6 +318,8 @@ class WorkItem(Record):
     failures: int = 0
     not_before: float | None = None
     error: str | None = None
+    fault: Fault | None = None
+    abandoned: int = 0
 
 
 LessonKind = Literal["strategy", "principle", "insight", "warning", "hint"]

@@ -9,12 +9,18 @@
 3. A worker renews its leases while it works; a worker that dies stops renewing, and its items
    go back to whoever claims next. Results are written by natural key, so an item collected
    twice (a lease that ran out under a slow worker) is still stored once.
-4. A worker whose group failed for want of a server gives the item back (`give_back`): not
-   claimable again before its backoff ends, and counted as a failure only when the server was
-   answering meanwhile (an outage is nobody's failure). An item that fails `max_failures` times
-   is `failed`: its batch ends, and the flow that waits on it reports the item's last error.
-   `requeue_failed` gives a batch's failed items another chance (a re-run).
-5. Times are Unix seconds from the worker's clock; machines sharing a queue keep NTP time.
+4. A worker whose group failed gives the item back (`give_back`), saying whose failure it
+   was: the task's own (its verifier, environment or sandbox raised or hung: always counted) or
+   the server's (counted only when the server was answering meanwhile: an outage is nobody's
+   failure). It is not claimable again before its backoff ends. An item that fails
+   `max_failures` times is `failed`, with its last error and whose it was; the flow that waits
+   on its batch reports it. `requeue_failed` gives a batch's failed items another chance (a
+   re-run).
+5. A claim that ends with its worker gone (a lease that ran out, a process found dead) is
+   `abandoned`. An item whose workers keep dying on it (a verifier that takes the process
+   down) is failed as the task's fault at its `max_abandoned`-th such claim, so no task can
+   take every worker down in turn.
+6. Times are Unix seconds from the worker's clock; machines sharing a queue keep NTP time.
 """
 
 from __future__ import annotations
@@ -24,12 +30,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, Update, and_, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Engine,
+    Update,
+    and_,
+    case,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from memory.database import insert_for, transaction
 from memory.models import WorkItemRow
-from memory.records import GroupPurpose, WorkItem, WorkState
+from memory.records import Fault, GroupPurpose, WorkItem, WorkState
+
+MAX_ABANDONED = 3  # claims an item may outlive its worker before it fails as the task's fault
 
 
 @contextmanager
@@ -57,24 +77,23 @@ def claim(
     lease_s: float,
     batch: tuple[int, GroupPurpose, str] | None = None,
     now: float | None = None,
+    max_abandoned: int = MAX_ABANDONED,
 ) -> list[WorkItem]:
-    """Claim up to `limit` claimable items (of `batch` = (round, purpose, version), if given)."""
+    """Claim up to `limit` claimable items (of `batch` = (round, purpose, version), if given).
+    An expired claim counts as abandoned; an item abandoned `max_abandoned` times fails."""
     now = time.time() if now is None else now
+    expired = and_(WorkItemRow.state == "claimed", WorkItemRow.lease_expires_at < now)
+    _fail_abandoned(session, expired, max_abandoned)
     claimable = or_(
         and_(
             WorkItemRow.state == "queued",
             or_(WorkItemRow.not_before.is_(None), WorkItemRow.not_before <= now),
         ),
-        and_(WorkItemRow.state == "claimed", WorkItemRow.lease_expires_at < now),
+        expired,
     )
     chosen = select(WorkItemRow.id).where(claimable).order_by(WorkItemRow.id).limit(limit)
     if batch is not None:
-        round_index, purpose, version = batch
-        chosen = chosen.where(
-            WorkItemRow.round_index == round_index,
-            WorkItemRow.purpose == purpose,
-            WorkItemRow.policy_version == version,
-        )
+        chosen = chosen.where(*_in_batch(*batch))
     if session.get_bind().dialect.name == "postgresql":
         chosen = chosen.with_for_update(skip_locked=True)
     statement = (
@@ -85,6 +104,7 @@ def claim(
             owner=owner,
             lease_expires_at=now + lease_s,
             claims=WorkItemRow.claims + 1,
+            abandoned=WorkItemRow.abandoned + case((WorkItemRow.state == "claimed", 1), else_=0),
         )
         .returning(WorkItemRow)
     )
@@ -126,19 +146,21 @@ def give_back(
     owner: str,
     error: str,
     *,
+    fault: Fault,
     counted: bool,
     retry_after_s: float,
     max_failures: int,
     now: float | None = None,
 ) -> WorkState | None:
-    """Return an item `owner` could not collect; its new state (None if `owner` no longer held
-    it). `counted` failures add up to `max_failures`, after which the item is `failed`."""
+    """Return an item `owner` could not collect, saying whose `fault` it was; its new state
+    (None if `owner` no longer held it). `counted` failures add up to `max_failures`, after
+    which the item is `failed`."""
     now = time.time() if now is None else now
     row = session.get(WorkItemRow, item_id, with_for_update=True)
     if row is None or row.state != "claimed" or row.owner != owner:
         return None
     row.failures += int(counted)
-    row.error = error[:2000]
+    row.error, row.fault = error[:2000], fault
     row.owner, row.lease_expires_at = None, None
     if row.failures >= max_failures:
         row.state, row.not_before = "failed", None
@@ -152,38 +174,73 @@ def requeue_failed(session: Session, round_index: int, purpose: GroupPurpose, ve
     """Give a batch's failed items a fresh start; returns how many."""
     statement = (
         update(WorkItemRow)
-        .where(
-            WorkItemRow.round_index == round_index,
-            WorkItemRow.purpose == purpose,
-            WorkItemRow.policy_version == version,
-            WorkItemRow.state == "failed",
-        )
-        .values(state="queued", failures=0, not_before=None)
+        .where(*_in_batch(round_index, purpose, version), WorkItemRow.state == "failed")
+        .values(state="queued", failures=0, abandoned=0, not_before=None, fault=None)
     )
     return _rowcount(session, statement)
 
 
 def failed(
-    session: Session, round_index: int, purpose: GroupPurpose, version: str
+    session: Session,
+    round_index: int | None = None,
+    purpose: GroupPurpose | None = None,
+    version: str | None = None,
 ) -> list[WorkItem]:
-    """A batch's failed items, each with its last error."""
-    query = select(WorkItemRow).where(
-        WorkItemRow.round_index == round_index,
-        WorkItemRow.purpose == purpose,
-        WorkItemRow.policy_version == version,
-        WorkItemRow.state == "failed",
-    )
+    """Failed items, each with its last error and whose it was: a batch's, or (without one)
+    every batch's."""
+    query = select(WorkItemRow).where(WorkItemRow.state == "failed")
+    if round_index is not None and purpose is not None and version is not None:
+        query = query.where(*_in_batch(round_index, purpose, version))
     return [WorkItem.model_validate(row) for row in session.scalars(query.order_by(WorkItemRow.id))]
 
 
-def release(session: Session, owners: list[str]) -> int:
-    """Put back what `owners` claimed (workers known to be dead); returns how many."""
+def release(
+    session: Session, owners: list[str], *, dead: bool, max_abandoned: int = MAX_ABANDONED
+) -> int:
+    """Put back what `owners` claimed; returns how many. The claims of `dead` workers count as
+    abandoned (an item abandoned `max_abandoned` times fails); a worker that stops on its own
+    (an outage, the end of its batch) abandons nothing."""
+    held = and_(WorkItemRow.owner.in_(owners), WorkItemRow.state == "claimed")
+    if dead:
+        _fail_abandoned(session, held, max_abandoned)
     statement = (
         update(WorkItemRow)
-        .where(WorkItemRow.owner.in_(owners), WorkItemRow.state == "claimed")
-        .values(state="queued", owner=None, lease_expires_at=None)
+        .where(held)
+        .values(
+            state="queued",
+            owner=None,
+            lease_expires_at=None,
+            abandoned=WorkItemRow.abandoned + int(dead),
+        )
     )
     return _rowcount(session, statement)
+
+
+def _fail_abandoned(session: Session, held: ColumnElement[bool], max_abandoned: int) -> None:
+    """Fail the items among the abandoned claims `held` selects whose workers keep dying on
+    them: this would be the `max_abandoned`-th."""
+    statement = (
+        update(WorkItemRow)
+        .where(held, WorkItemRow.abandoned + 1 >= max_abandoned)
+        .values(
+            state="failed",
+            fault="task",
+            owner=None,
+            lease_expires_at=None,
+            abandoned=WorkItemRow.abandoned + 1,
+            error=f"{max_abandoned} workers stopped while collecting it (the task's code may "
+            "take its process down)",
+        )
+    )
+    session.execute(statement)
+
+
+def _in_batch(round_index: int, purpose: GroupPurpose, version: str) -> list[ColumnElement[bool]]:
+    return [
+        WorkItemRow.round_index == round_index,
+        WorkItemRow.purpose == purpose,
+        WorkItemRow.policy_version == version,
+    ]
 
 
 def claim_holders(session: Session) -> list[str]:
@@ -198,11 +255,7 @@ def progress(
     """How many items of a batch are in each state."""
     query = (
         select(WorkItemRow.state, func.count())
-        .where(
-            WorkItemRow.round_index == round_index,
-            WorkItemRow.purpose == purpose,
-            WorkItemRow.policy_version == version,
-        )
+        .where(*_in_batch(round_index, purpose, version))
         .group_by(WorkItemRow.state)
     )
     counts: dict[WorkState, int] = {"queued": 0, "claimed": 0, "done": 0, "failed": 0}

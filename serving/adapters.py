@@ -99,10 +99,14 @@ def _adapter_modules(path: Path) -> set[str]:
 
 
 def loaded_models(url: str) -> list[str]:
+    """The model names `url` serves; `ServingError` for an answer that is not a model list."""
     with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
         response = client.get("/v1/models")
         response.raise_for_status()
-        return [entry["id"] for entry in response.json()["data"]]
+    try:
+        return [str(entry["id"]) for entry in response.json()["data"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ServingError(f"{url}/v1/models is not a model list: {response.text[:100]!r}") from exc
 
 
 def load_adapter(url: str, name: str, path: Path) -> None:

@@ -43,6 +43,8 @@ from serving import capture
 from serving.errors import ServingError, UpstreamError
 from serving.router import GatewaySettings, NoUpstream, Router
 from verifiers.catalog import averify
+from verifiers.errors import TaskFault
+from verifiers.reasoning import MAX_MATH_ANSWER
 
 __all__ = ["GatewaySettings", "create_app", "running"]
 
@@ -63,7 +65,7 @@ class FeedbackRequest(BaseModel):
     id: str | None = None
     session: str | None = None
     score: float | None = Field(None, ge=0.0, le=1.0)
-    reference: str | None = Field(None, max_length=10_000)
+    reference: str | None = Field(None, max_length=MAX_MATH_ANSWER)
     reason: str = "user feedback"
 
     @model_validator(mode="after")
@@ -370,7 +372,10 @@ async def _verified(engine: Engine, taskset: str | None, body: FeedbackRequest) 
     assert body.reference is not None
     with store.transaction(engine) as session:  # unknown: NotFound, 404
         question, answer = store.captured_exchange(session, body.session, body.id)
-    verdict = await averify(capture.reference_task(taskset, question, body.reference), answer)
+    try:
+        verdict = await averify(capture.reference_task(taskset, question, body.reference), answer)
+    except TaskFault as fault:
+        raise ServingError(f"the verifier could not score this answer: {fault}") from fault
     return body.model_copy(
         update={"score": verdict.reward, "reason": f"verified: {verdict.reason}"}
     )

@@ -64,9 +64,8 @@ def _read(response: httpx.Response) -> Probe:
         detail = response.text.strip().splitlines()[0][:200] if response.text.strip() else ""
         return Probe(ok=False, status=status, reason=f"{status} {detail}".strip())
     try:
-        choices = response.json().get("choices") or []
-    except ValueError:
-        choices = []
-    if not choices:
-        return Probe(ok=False, status=200, reason="answered with no choices")
-    return Probe(ok=True, status=200, text=choices[0].get("message", {}).get("content") or "")
+        text = response.json()["choices"][0]["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        reason = f"answered with no completion: {response.text[:80]!r}"
+        return Probe(ok=False, status=200, reason=reason)
+    return Probe(ok=True, status=200, text=str(text))

@@ -123,10 +123,15 @@ class Router:
                 log.warning("alias sync failed, keeping %s: %s", self.target, exc)
 
     async def watch_upstreams(self) -> None:
-        """Probe every upstream each interval; see the module docstring (2)."""
+        """Probe every upstream each interval; see the module docstring (2). Whatever an
+        upstream answers, the watch goes on: a reply it cannot read takes that upstream out of
+        the rotation until a probe succeeds again."""
         while True:
             for upstream in self.settings.upstreams:
-                await self._check(upstream)
+                try:
+                    await self._check(upstream)
+                except Exception as exc:  # noqa: BLE001 - a background loop must outlive any reply
+                    self.mark_down(upstream, f"unreadable answer: {type(exc).__name__}: {exc}")
             await anyio.sleep(self.settings.sync_interval_s)
 
     async def _check(self, upstream: str) -> None:
@@ -144,6 +149,7 @@ class Router:
                     )
         except (ServingError, httpx.HTTPError) as exc:
             log.warning("upstream %s answers but cannot serve the versions yet: %s", upstream, exc)
+            self.down[upstream] = f"{upstream}: cannot serve the versions yet: {exc}"
             return
         log.warning("upstream %s is back in the rotation", upstream)
         self.down.pop(upstream, None)

@@ -439,6 +439,26 @@ def test_a_round_on_a_plugin_task_set_through_the_cli(
     assert all(a.reason.startswith(("correct", "wrong")) for g in groups for a in g.attempts)
 
 
+def test_a_task_whose_verifier_raises_or_hangs_is_left_out_and_the_run_goes_on(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    config = tmp_path / "guard.toml"
+    config.write_text("[guard]\ndeadline_s = 2\n")
+    db, summary = run_once(
+        tmp_path,
+        *["--tasks", "8", "--group-size", "2", "--eval-tasks", "4", "--model"],
+        str(tiny_model_path),
+        *("--server-url", tiny_server, "--taskset", "tests.faulty:sums", "--config", str(config)),
+    )
+    failed = {f["task_id"]: f for f in summary["failed_tasks"]}
+    assert len(failed) == 2 and all(f["failures"] == 3 for f in failed.values())
+    reasons = " | ".join(f["error"] for f in failed.values())
+    assert "verify: no answer within 2 s" in reasons and "verify raised ValueError" in reasons
+    with store.transaction(store.open_store(db)) as session:
+        groups = store.load_groups(session, "train", round_index=1)
+    assert len(groups) == 6 and not {g.task_id for g in groups} & set(failed)
+
+
 def test_a_server_with_the_wrong_model_ends_the_run_with_one_line(
     tiny_server: str, smollm2_path: Path, tmp_path: Path, capsys
 ) -> None:

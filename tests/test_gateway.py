@@ -259,11 +259,13 @@ def test_a_promotion_whose_adapter_fails_leaves_the_store_unchanged(gateway, tmp
 
 class Upstreams:
     """Scripted upstreams whose failures a test switches on: `refuse` (connection refused),
-    `broken` (answers 500, probes included) and `cut` (the answer breaks off half-way)."""
+    `broken` (answers 500, probes included), `odd` (answers every request with these bytes)
+    and `cut` (the answer breaks off half-way)."""
 
     def __init__(self) -> None:
         self.refuse: set[str] = set()
         self.broken: set[str] = set()
+        self.odd: dict[str, bytes] = {}
         self.cut = False
         self.served: list[str] = []
 
@@ -273,6 +275,8 @@ class Upstreams:
             raise httpx.ConnectError("connection refused", request=request)
         if host in self.broken:
             return httpx.Response(500, json={"error": {"message": "engine dead"}})
+        if host in self.odd:
+            return httpx.Response(200, content=self.odd[host])
         if body["messages"][0]["content"] != probe.PROMPT:
             self.served.append(host)
         if self.cut and body["messages"][0]["content"] != probe.PROMPT:
@@ -355,6 +359,30 @@ def test_an_upstream_that_fails_leaves_the_rotation_and_comes_back(flaky) -> Non
     assert response.status_code == 503 and "no model server" in response.json()["error"]["message"]
     upstreams.refuse.clear()
     upstreams.broken.clear()
+    wait_until(lambda: client.get("/admin/state", headers=ADMIN).json()["down"] == [])
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"[1, 2]",
+        b'"ok"',
+        b"null",
+        b'{"choices": "none"}',
+        b'{"choices": [null]}',
+        b'{"choices": [{"message": []}]}',
+        b"\xff\xfe not json",
+    ],  # fmt: skip
+)
+def test_an_upstream_s_odd_answer_takes_it_out_and_the_gateway_lives_on(flaky, answer) -> None:
+    client, upstreams, _ = flaky
+    upstreams.odd["up-1"] = answer
+    wait_until(lambda: client.get("/admin/state", headers=ADMIN).json()["down"] == ["http://up-1"])
+    upstreams.served.clear()
+    for _ in range(2):
+        assert client.post("/v1/chat/completions", json=chat()).status_code == 200
+    assert upstreams.served == ["up-2"] * 2
+    del upstreams.odd["up-1"]
     wait_until(lambda: client.get("/admin/state", headers=ADMIN).json()["down"] == [])
 
 

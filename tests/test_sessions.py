@@ -196,6 +196,8 @@ def test_feedback_with_a_reference_is_scored_by_the_task_sets_verifier(capturing
         }
         unknown = client.post("/v1/feedback", json={"session": "nobody", "reference": "5"})
         both = client.post("/v1/feedback", json={"session": "right", "score": 1, "reference": "5"})
+        huge = client.post("/v1/feedback", json={"session": "right", "reference": "1+" * 5000})
+    assert huge.status_code == 422 and "at most 200 characters" in huge.text
     assert scored["right"]["score"] == 0.5  # correct, but untagged
     assert scored["right"]["reason"] == "verified: correct, last number (untagged)"
     assert scored["wrong"]["score"] == 0.0 and scored["wrong"]["turns"] == 2

@@ -94,7 +94,7 @@ def test_claims_stay_within_their_batch_and_dead_owners_are_released(db_url: str
     assert {i.round_index for i in claimed} == {2}
     with transaction(engine) as session:
         assert workqueue.claim_holders(session) == ["dead"]
-        assert workqueue.release(session, ["dead"]) == 2
+        assert workqueue.release(session, ["dead"], dead=True) == 2
         assert workqueue.queue_depth(session) == 4
 
 
@@ -156,8 +156,8 @@ def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
     def give_back(item: WorkItem, counted: bool, now: float) -> str | None:
         with transaction(engine) as session:
             return workqueue.give_back(
-                session, item.id, "w1", f"down at {now}", counted=counted, retry_after_s=10,
-                max_failures=2, now=now,
+                session, item.id, "w1", f"down at {now}", fault="server", counted=counted,
+                retry_after_s=10, max_failures=2, now=now,
             )  # fmt: skip
 
     [item] = claim_at(1000.0)
@@ -175,7 +175,14 @@ def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
         assert failed.failures == 2 and failed.error == "down at 1030.0"
         assert (
             workqueue.give_back(  # no longer held: nothing changes
-                session, item.id, "w1", "late", counted=True, retry_after_s=0, max_failures=2
+                session,
+                item.id,
+                "w1",
+                "late",
+                fault="server",
+                counted=True,
+                retry_after_s=0,
+                max_failures=2,
             )
             is None
         )

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from verifiers import coding, humaneval, plugin, reasoning, sandbox
+from verifiers import coding, guard, humaneval, plugin, reasoning, sandbox
 from verifiers.episode import Environment
 from verifiers.errors import VerifierError
 from verifiers.guessing import GuessingGame
@@ -156,10 +156,22 @@ def verify(task: Task, completion: str) -> Verdict:
 
 
 async def averify(task: Task, completion: str) -> Verdict:
-    """`verify` for async callers, in a worker thread; sandboxed task sets run at most one per
-    CPU core at a time (a sandbox is CPU-bound)."""
+    """`verify` for async callers, in a thread of its own under the deadline in force
+    (`verifiers.guard`): a verifier that raises or hangs is a `TaskFault`. An answer longer than
+    the limit in force is not handed to the verifier: it is wrong. Sandboxed task sets run at
+    most one per CPU core at a time (a sandbox is CPU-bound)."""
+    limit = guard.current().max_chars
+    if len(completion) > limit:
+        reason = f"answer of {len(completion)} characters, over the {limit} verified"
+        return Verdict(reward=0.0, correct=False, format_ok=False, answer=None, reason=reason)
     limiter = _sandbox_slots() if runs_code(task.taskset) else None
-    return await anyio.to_thread.run_sync(verify, task, completion, limiter=limiter)
+    label = f"task set {task.taskset!r}: verify"
+    return await guard.run(label, verify, task, completion, limiter=limiter)
+
+
+async def astart(task: Task) -> Environment:
+    """A fresh environment for a multi-turn task, built under the deadline in force."""
+    return await guard.run(f"task set {task.taskset!r}: environment", environment, task)
 
 
 def _reasoning(name: str) -> TaskSet:

@@ -147,8 +147,9 @@ def _correct(task: Task, answer: str) -> bool:
 
 
 def math_equivalent(gold: str, answer: str) -> bool:
-    """Symbolic equivalence of two math answers (math-verify), thread-safe."""
-    if len(answer) > MAX_MATH_ANSWER:
+    """Symbolic equivalence of two math answers (math-verify), thread-safe. Neither is parsed
+    when longer than `MAX_MATH_ANSWER`: sympy can chew on a long expression for minutes."""
+    if len(answer) > MAX_MATH_ANSWER or len(gold) > MAX_MATH_ANSWER:
         return False
     parsed = math_verify.parse(answer, parsing_timeout=None)
     return bool(parsed) and math_verify.verify(

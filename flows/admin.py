@@ -16,7 +16,7 @@ def serve_model(args: argparse.Namespace) -> int:
 
     from serving.server import ServerSettings, VllmServer
 
-    model_path = model_folder(args.model, args.workdir)
+    model_path = model_folder(args.model, args.models)
     settings = ServerSettings(
         python=args.server_python,
         model_path=model_path,
@@ -47,7 +47,7 @@ def gateway(args: argparse.Namespace) -> int:
         raise FlowError("set FLYWHEEL_ADMIN_KEYS (comma-separated) to protect the admin routes")
     settings = GatewaySettings(
         upstreams=[u.rstrip("/") for u in args.upstream],
-        base_model_path=model_folder(args.model, args.workdir),
+        base_model_path=model_folder(args.model, args.models),
         checkpoint_root=args.workdir / "adapters",
         alias=args.alias,
         user_keys=keys("FLYWHEEL_API_KEYS"),
@@ -142,6 +142,15 @@ def sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def migrate(args: argparse.Namespace) -> int:
+    from memory.database import migrate as upgrade
+
+    before, after = upgrade(db_url(args))
+    done = f"schema {before or 'none'} -> {after}"
+    print(f"schema already at {after}" if before == after else done)
+    return 0
+
+
 def prepare_model(args: argparse.Namespace) -> int:
-    print(model_folder(args.model, args.workdir))
+    print(model_folder(args.model, args.models))
     return 0

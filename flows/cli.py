@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NoReturn, get_args
 
 from flows import admin, arguments, export, flags, inspection, launch
 from flows.errors import FlowError
@@ -28,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     # A training process next to the model server must not spin on OpenMP waits; set before torch.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as done:  # --help, or a bad argument already reported in one line
+        return done.code if isinstance(done.code, int) else EXIT_BAD_INPUT
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -49,8 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors in the one-line form of every other error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"flywheel: error: {self.prog.removeprefix('flywheel ')}: "
+                                  f"{message}\n")  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flywheel",
         description="A data flywheel for LLM agents: collect, verify, remember, train, serve.",
     )
@@ -70,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     _report_command(commands)
     _sandbox_command(commands)
     _prepare_model_command(commands)
+    _migrate_command(commands)
     return parser
 
 
@@ -85,9 +97,11 @@ def _run_command(commands: Any) -> None:
         "--server-python",
         type=Path,
         default=arguments.DEFAULT_SERVER_PYTHON,
-        help="python of the model server's environment (default .venv-serving)",
+        help="python of the model server's environment (default: the installation's .venv-serving)",
     )
-    run.add_argument("--port", type=int, default=8011, help="port for the started server")
+    run.add_argument(
+        "--port", type=arguments.port, default=8011, help="port for the started server"
+    )
     run.add_argument("--summary-json", type=Path, default=None, help="write the summary here")
     run.add_argument(
         "--prefect",
@@ -96,7 +110,9 @@ def _run_command(commands: Any) -> None:
         help="local: a Prefect server kept running between runs, whose UI shows them "
         "(default); temporary: one for this run only. PREFECT_API_URL wins over both.",
     )
-    run.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
+    run.add_argument(
+        "--prefect-port", type=arguments.port, default=4200, help="local Prefect server port"
+    )
     run.set_defaults(handler=launch.run)
 
 
@@ -105,9 +121,10 @@ def _serve_model_command(commands: Any) -> None:
         "serve-model", help="run a supervised vLLM server (restarted when it stops generating)"
     )
     model_server.add_argument("--model", default="smollm2")
+    _models_argument(model_server)
     model_server.add_argument("--workdir", type=Path, default=Path(".flywheel"))
     model_server.add_argument("--server-python", type=Path, default=arguments.DEFAULT_SERVER_PYTHON)
-    model_server.add_argument("--port", type=int, default=8011)
+    model_server.add_argument("--port", type=arguments.port, default=8011)
     model_server.add_argument(
         "--probe-interval",
         type=float,
@@ -132,7 +149,10 @@ def _serve_command(commands: Any) -> None:
     )
     _loop_arguments(looped)
     looped.add_argument(
-        "--gateway-port", type=int, default=None, help="also serve the gateway on this port"
+        "--gateway-port",
+        type=arguments.port,
+        default=None,
+        help="also serve the gateway on this port",
     )
     looped.set_defaults(handler=launch.serve)
     deploying = commands.add_parser(
@@ -172,7 +192,9 @@ def _loop_arguments(looped: Any) -> None:
     looped.add_argument(
         "--min-groups", type=int, default=None, help="complete groups a round waits for (--tasks)"
     )
-    looped.add_argument("--prefect-port", type=int, default=4200, help="local Prefect server port")
+    looped.add_argument(
+        "--prefect-port", type=arguments.port, default=4200, help="local Prefect server port"
+    )
 
 
 def _export_command(commands: Any) -> None:
@@ -240,9 +262,10 @@ def _gateway_command(commands: Any) -> None:
         "--upstream", action="append", required=True, help="a vLLM server URL (repeat for several)"
     )
     gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=8000)
+    gateway.add_argument("--port", type=arguments.port, default=8000)
     _db_arguments(gateway)
     gateway.add_argument("--model", default="smollm2", help="the base model the upstreams serve")
+    _models_argument(gateway)
     gateway.add_argument("--alias", default="policy", help="stable model name (default policy)")
     gateway.add_argument(
         "--min-gain",
@@ -280,7 +303,10 @@ def _status_command(commands: Any) -> None:
     status = commands.add_parser("status", help="the serving version, versions, recent rounds")
     _db_arguments(status)
     status.add_argument(
-        "--prefect-port", type=int, default=4200, help="local Prefect server port, for its pools"
+        "--prefect-port",
+        type=arguments.port,
+        default=4200,
+        help="local Prefect server port, for its pools",
     )
     status.set_defaults(handler=inspection.status)
 
@@ -338,8 +364,18 @@ def _sandbox_command(commands: Any) -> None:
 def _prepare_model_command(commands: Any) -> None:
     prepare = commands.add_parser("prepare-model", help="build the model folder (cached)")
     prepare.add_argument("--model", default="smollm2", choices=arguments.MODELS)
-    prepare.add_argument("--workdir", type=Path, default=Path(".flywheel"))
+    _models_argument(prepare)
     prepare.set_defaults(handler=admin.prepare_model)
+
+
+def _migrate_command(commands: Any) -> None:
+    migrate = commands.add_parser(
+        "migrate",
+        help="upgrade the store's schema to this flywheel's, under a lock (the one step that "
+        "migrates; flywheel run does it for its own store)",
+    )
+    _db_arguments(migrate)
+    migrate.set_defaults(handler=admin.migrate)
 
 
 def _db_arguments(parser: argparse.ArgumentParser) -> None:
@@ -348,7 +384,7 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
         "--workdir",
         type=Path,
         default=Path(".flywheel"),
-        help="models, adapters, logs and the default database (default .flywheel)",
+        help="adapters, logs and the default database (default .flywheel, here)",
     )
 
 
@@ -376,6 +412,9 @@ def _one_line(exc: Exception) -> str | None:
 
     if isinstance(exc, ValidationError):
         return describe(exc)
+    if isinstance(exc, OSError):  # a full disk, an unwritable path: the operator's to fix
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}"
     known = (AgentError, StoreError, ServingError, TrainerError, VerifierError, FlowError)
     return str(exc).strip().splitlines()[0] if isinstance(exc, known) and str(exc) else None
 
@@ -385,6 +424,17 @@ def _model_argument(parser: argparse.ArgumentParser) -> None:
         "--model",
         default="smollm2",
         help="smollm2 (default), tiny (random, for tests) or a model folder",
+    )
+    _models_argument(parser)
+
+
+def _models_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--models",
+        type=Path,
+        default=arguments.MODELS_DIR,
+        help="where named models are built, once (default: the installation's "
+        f"{arguments.MODELS_DIR}; FLYWHEEL_HOME moves it)",
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.arguments import db_url, writable
+from memory.folders import atomic_file
 
 if TYPE_CHECKING:
     from memory.records import Group, Segment
@@ -32,8 +33,7 @@ def export(args: argparse.Namespace) -> int:
         if args.segments:
             return _export_segments(groups, store.group_segments(session, _ids(groups)), args.out)
     rows = build_rows(groups, settings)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as out:
+    with atomic_file(args.out) as out:
         for row in rows:
             out.write(json.dumps(row.model_dump()) + "\n")
     tokens = sum(row.trained_tokens for row in rows)
@@ -47,9 +47,8 @@ def _export_segments(
 ) -> int:
     """One JSON object per attempt: its group, reward and prompt ids, and its completion as
     segments; a segment's weight is 0 where nothing is trained (pivot and forced tokens)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     written = 0
-    with out.open("w") as stream:
+    with atomic_file(out) as stream:
         for group in groups:
             for attempt in group.attempts:
                 if attempt.sample is None:
@@ -90,8 +89,7 @@ def _export_session(args: argparse.Namespace) -> int:
     else:
         head |= {"reward": episode.reward, "forced_spans": episode.forced_spans}
         head |= {"sample": episode.sample.model_dump() if episode.sample else None}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as out:
+    with atomic_file(args.out) as out:
         out.write(json.dumps(head) + "\n")
         for group in recorded:
             turn = group.attempts[0].model_dump(mode="json", exclude={"schema_version"})

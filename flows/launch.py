@@ -25,12 +25,13 @@ def run(args: argparse.Namespace) -> int:
         raise FlowError(
             f"--source {settings.source} trains on captured agent traffic: use flywheel serve"
         )
+    _migrate_own_store(settings.db_url)
     if args.prefect == "local":
         _use_local_prefect(args.workdir, args.prefect_port)
-    model_path = model_folder(args.model, args.workdir).resolve()
+    model_path = model_folder(args.model, args.models).resolve()
     reviewer_path = None
     if settings.reviewer is not None:
-        reviewer_path = model_folder(settings.reviewer, args.workdir, "--reviewer").resolve()
+        reviewer_path = model_folder(settings.reviewer, args.models, "--reviewer").resolve()
     started = time.monotonic()
     policy, reviewer = _server_settings(args, model_path, settings.weights, reviewer_path)
     with contextlib.ExitStack() as servers:
@@ -51,6 +52,15 @@ def run(args: argparse.Namespace) -> int:
     summary.wall_seconds["total"] = time.monotonic() - started
     _report(summary, args.summary_json)
     return 0
+
+
+def _migrate_own_store(url: str) -> None:
+    """`flywheel run` owns its store: it brings it to this code's schema (under the lock)."""
+    from memory.database import migrate
+
+    before, after = migrate(url)
+    if before is not None and before != after:
+        print(f"store schema {before} -> {after}", file=sys.stderr)
 
 
 def _server_settings(
@@ -182,7 +192,7 @@ def _loop_settings(args: argparse.Namespace, command: str) -> tuple[Any, Path]:
         raise FlowError(
             f"flywheel {command} uses a reviewer already running: --reviewer-url, --reviewer-model"
         )
-    model_path = model_folder(args.model, args.workdir).resolve()
+    model_path = model_folder(args.model, args.models).resolve()
     for url in (args.server_url, *settings.replicas):
         preflight(settings.db_url, url, model_path.name)
     _use_local_prefect(args.workdir, args.prefect_port)
@@ -247,7 +257,10 @@ def _report(summary: Any, path: Path | None) -> None:
     print(format_table(summary))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary.model_dump(mode="json"), indent=2) + "\n")
+        from memory.folders import atomic_file
+
+        with atomic_file(path) as out:
+            out.write(json.dumps(summary.model_dump(mode="json"), indent=2) + "\n")
         print(f"summary written to {path}")
 
 

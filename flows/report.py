@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from flows.table import text_table
 from memory import library, store, workqueue
+from memory.folders import atomic_file
 
 
 class RoundRow(BaseModel):
@@ -137,8 +138,8 @@ pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head>
 <p>Experience library: {len(report.lessons)} active lessons.</p>
 </body></html>
 """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)
+    with atomic_file(path) as out:
+        out.write(page)
 
 
 def _rate(row: RoundRow, context: str) -> str:

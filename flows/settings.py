@@ -204,14 +204,19 @@ def load_run_settings(
     values: dict[str, Any] = {}
     if config is not None:
         try:
-            values = tomllib.loads(config.read_text())
+            values = tomllib.loads(config.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise FlowError(f"cannot read config {config}: not UTF-8 text ({exc.reason})") from exc
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise FlowError(f"cannot read config {config}: {exc}") from exc
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
         node = values
-        for parent in parents:
+        for depth, parent in enumerate(parents):
             node = node.setdefault(parent, {})
+            if not isinstance(node, dict):
+                table = ".".join(parents[: depth + 1])
+                raise FlowError(f"setting {table}: expected a table of settings, not {node!r}")
         node[leaf] = value
     try:
         return RunSettings.model_validate(values)

@@ -1,21 +1,45 @@
-"""Folders published atomically: checkpoints, merged model weights, prepared models.
+"""Folders and files published atomically: checkpoints, merged model weights, prepared models,
+exports, summaries and reports.
 
 A folder is written under a staging name, flushed to disk, marked complete, and renamed into
 place in one step; a reader ignores any folder without the marker, so a writer killed half-way
-never leaves something that looks finished.
+never leaves something that looks finished. A file is written beside its target under a hidden
+name, flushed, and renamed over it (`atomic_file`): a full disk or a crash leaves the old file,
+never half a new one.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TextIO
 
 from memory.errors import StoreError
 
 MARKER = "COMPLETE"
 REFERENCE = "reference.json"  # in a merged-weights folder: the trainer's own greedy outputs
 STAGING_PREFIX = ".staging-"
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[TextIO]:
+    """A text stream whose content replaces `path` only once all of it is on disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(part, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(part)
+        raise
 
 
 def staging_dir(root: Path, name: str) -> Path:

@@ -70,6 +70,8 @@ class Annealing(Record):
     max(1 + t_max - e^(k / decay_tokens), t_min), held for `span_tokens` tokens at a time
     (a request's temperature is fixed), and once at t_min for the rest of the answer."""
 
+    model_config = ConfigDict(frozen=True, from_attributes=True, extra="forbid")  # a setting too
+
     t_max: float = Field(1.2, gt=0.0)
     t_min: float = Field(0.1, ge=0.0)
     decay_tokens: float = Field(40.0, gt=0.0)

@@ -185,3 +185,28 @@ def isolated(isolation: Isolation, limits: Limits | None = None) -> Sandbox:
             _require("FLYWHEEL_REQUIRE_BWRAP", "bubblewrap is not installed or does not work here")
         pytest.skip(f"{isolation} isolation does not work here")
     return Sandbox(limits=limits, isolation=isolation)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Any]:
+    """`mount(kilobytes)`: a folder on a tmpfs of that size, to fill up (unmounted at the end);
+    a skip where tmpfs cannot be mounted (not root), a failure where CI requires it."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(kilobytes: int) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(folder)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if done.returncode != 0:
+            _require("FLYWHEEL_REQUIRE_ROOT", f"cannot mount a tmpfs: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

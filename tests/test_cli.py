@@ -61,6 +61,8 @@ def test_help(command: list[str]) -> None:
         (["--summary-json", "/proc/no/s.json"], "--summary-json /proc/no/s.json cannot be written"),
         (["--source", "captured"], "--source captured trains on captured agent traffic"),
         (["--minutes", "0"], "--minutes: Input should be greater than 0"),
+        (["--port", "70000"], "run: argument --port: 70000 is not a port (1-65535)"),
+        (["--prefect-port", "http"], "argument --prefect-port: 'http' is not a port number"),
     ],
 )
 def test_bad_input_is_one_line(args, message, tmp_path: Path, capsys) -> None:
@@ -69,6 +71,34 @@ def test_bad_input_is_one_line(args, message, tmp_path: Path, capsys) -> None:
     assert code == 2
     assert err.startswith("flywheel: error: ") and message in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "message"),
+    [
+        (b"rounds = 2\n# caf\xe9\n", [], "not UTF-8 text"),
+        (b"train = 1\n", ["--mode", "grpo"], "setting train: expected a table of settings, not 1"),
+        (b"[annealing]\nt_maxx = 2.0\n", [], "annealing.t_maxx: Extra inputs are not permitted"),
+        (b"[guard]\ndeadline = 2\n", [], "guard.deadline: Extra inputs are not permitted"),
+        (b"rounds = \n", [], "cannot read config"),
+    ],
+)
+def test_a_bad_config_is_one_line(config, flags, message, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_bytes(config)
+    code = main(["run", "--workdir", str(tmp_path), "--config", str(path), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("flywheel: error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_a_command_run_from_another_folder_finds_the_installation_s_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare-model", "--model", "tiny"]) == 0
+    assert Path(capsys.readouterr().out.strip()) == tiny_model_path
+    assert not (tmp_path / ".flywheel").exists()  # nothing built a second copy here
 
 
 def test_port_taken_is_one_line(tiny_model_path: Path, tmp_path: Path, capsys) -> None:
@@ -235,6 +265,26 @@ def test_export_writes_the_rows_a_round_would_train_on(tmp_path: Path, capsys) -
     assert all(r["input_ids"][:2] == [7, 8] and r["labels"][:2] == [-100, -100] for r in rows)
     assert [round(a) for a in sorted(r["advantages"][-1] for r in rows)] == [-1, -1, 1, 1]
     assert "4 rows (12 trained tokens, grpo) from 2 complete groups" in capsys.readouterr().out
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_keeps_the_last_good_file(
+    tmp_path: Path, small_disk, capsys
+) -> None:
+    from memory import store
+    from tests.conftest import make_group
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    with store.transaction(store.open_store(db)) as session:
+        for n in range(40):
+            store.save_group(session, make_group([1.0, 0.0], task_id=f"t{n}", completion_len=60))
+    disk = small_disk(64)
+    out = disk / "rows.jsonl"
+    out.write_text("the last good export\n")
+    assert main(["export", "--db", db, "--mode", "grpo", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flywheel: error: No space left on device") and err.count("\n") == 1
+    assert out.read_text() == "the last good export\n"
+    assert sorted(p.name for p in disk.iterdir()) == ["rows.jsonl"]  # no part file left
 
 
 def test_export_segments_gives_each_attempt_its_masked_spans(tmp_path: Path, capsys) -> None:

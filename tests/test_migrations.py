@@ -10,15 +10,43 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, LargeBinary, MetaData, String
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import (  # noqa: I001
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    create_engine,
+    func,
+    insert,
+    select,
+    text,
+)
 
 from flows.cli import main
 from memory import database, store
 from memory.errors import StoreError
 
 REVISIONS = [f"{n:04d}" for n in range(1, int(database.head()))]
-DICT_COLUMNS = {"sampling", "plan", "hyperparameters", "metrics", "before", "after", "fields"}
+DICT_COLUMNS = {
+    "sampling",
+    "plan",
+    "hyperparameters",
+    "metrics",
+    "before",
+    "after",
+    "fields",
+    "shaping",
+}
+JSONS = {"sampling": {"temperature": 1.0, "max_tokens": 8},
+         "messages": [{"role": "user", "content": "q"}], "prompt_token_ids": [1, 2],
+         "completion_token_ids": [7, 8, 9], "logprobs": [-0.5, -0.5, -0.5]}  # fmt: skip
+NAMED = {"purpose": "train", "kind": "base", "state": "queued", "status": "done",
+         "action": "promote", "loss_type": "policy", "finish_reason": "stop", "scope": "task",
+         "zone": "do", "fault": "task", "context": "bare", "loss": "policy"}  # fmt: skip
 
 
 def seed(url: str) -> dict[str, int]:
@@ -42,10 +70,12 @@ def seed(url: str) -> dict[str, int]:
 
 def _value(column):  # noqa: ANN001, ANN202 - any reflected column
     kind = column.type
+    if column.name in NAMED and isinstance(kind, String):
+        return NAMED[column.name]
     if isinstance(kind, Boolean):
         return False
     if isinstance(kind, Integer):
-        return 1
+        return 0 if column.name == "pivot_tokens" else 1
     if isinstance(kind, Float):
         return 0.5
     if isinstance(kind, DateTime):
@@ -53,7 +83,7 @@ def _value(column):  # noqa: ANN001, ANN202 - any reflected column
     if isinstance(kind, LargeBinary):
         return b""
     if isinstance(kind, JSON):
-        return {} if column.name in DICT_COLUMNS else []
+        return JSONS.get(column.name, {} if column.name in DICT_COLUMNS else [])
     if isinstance(kind, String) and getattr(kind, "length", None):
         return "x"[: kind.length]
     return "x"

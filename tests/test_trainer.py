@@ -45,6 +45,19 @@ def test_round_publishes_a_complete_adapter(tiny_model_path: Path, tmp_path: Pat
     assert folders.is_complete(Path(child.adapter_path))
 
 
+def test_a_round_saved_onto_a_full_disk_fails_and_publishes_nothing(
+    tiny_model_path: Path, small_disk
+) -> None:
+    import errno
+
+    root = small_disk(48)  # room for the trainer's work, not for the adapter as well
+    with pytest.raises(OSError) as caught:
+        train_round(groups(), base_model=tiny_model_path, parent_adapter=None,
+                    checkpoint_root=root, name="policy-r1", settings=FAST)  # fmt: skip
+    assert caught.value.errno == errno.ENOSPC
+    assert not folders.is_complete(root / "policy-r1") and not (root / "policy-r1").exists()
+
+
 def test_round_without_signal_fails_loudly(tiny_model_path: Path, tmp_path: Path) -> None:
     flat = [make_group([0.0, 0.0, 0.0, 0.0])]
     with pytest.raises(TrainerError, match="no trainable rows"):

@@ -214,6 +214,7 @@ def test_a_store_from_before_segments_is_converted(db_url: str) -> None:
         config.attributes["connection"] = connection
         command.upgrade(config, "0006")
         _write_old_attempt(connection)
+    database.migrate(url)
     with transaction(open_store(url)) as session:
         (group,) = store.load_groups(session, "train")
         stats = store.strategy_stats(session)

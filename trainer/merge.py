@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memory import folders
 from trainer.errors import TrainerError
+from trainer.round import disk_errors
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,15 @@ def merge_version(base_model: Path, adapter: Path, root: Path, name: str) -> Pat
     merged.eval()
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     staging = folders.staging_dir(root, name)
-    merged.save_pretrained(staging, safe_serialization=True)
-    tokenizer.save_pretrained(staging)
-    (staging / folders.REFERENCE).write_text(json.dumps(references(merged, tokenizer)) + "\n")
+    try:
+        with disk_errors(staging):
+            merged.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            reference = json.dumps(references(merged, tokenizer)) + "\n"
+            (staging / folders.REFERENCE).write_text(reference)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # a torn save is never left to look whole
+        raise
     path = folders.publish(staging, root, name)
     log.info("merged version %s published at %s", name, path)
     return path

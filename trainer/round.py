@@ -19,17 +19,22 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import re
 import shutil
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import SFTConfig, SFTTrainer
@@ -169,7 +174,8 @@ def train_round(
     before = _lora_snapshot(trainer.model)
     if resume is not None:
         log.info("resuming round %s from %s", name, resume.name)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    with disk_errors(work):
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if resume is None:
         _check_moved(before, _lora_snapshot(trainer.model))
     step = int(resume.name.split("-")[-1]) if resume else 0
@@ -178,7 +184,12 @@ def train_round(
         return _result(published, rows, [], 0.0, started, step).model_copy(update=shape)
     staging = folders.staging_dir(checkpoint_root, name)
     trained: Any = trainer.model  # a PeftModel; transformers types it as any module
-    trained.save_pretrained(staging)
+    try:
+        with disk_errors(staging):
+            trained.save_pretrained(staging)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # a torn save is never left to look whole
+        raise
     path = folders.publish(staging, checkpoint_root, name)
     shutil.rmtree(work, ignore_errors=True)
     history = trainer.state.log_history
@@ -186,6 +197,18 @@ def train_round(
     train_seconds = next((e["train_runtime"] for e in history if "train_runtime" in e), 0.0)
     result = _result(path, rows, losses, train_seconds, started, resumed_from_step=step)
     return result.model_copy(update={**shape, **_drift_figures(trainer.drift)})
+
+
+@contextmanager
+def disk_errors(where: Path) -> Iterator[None]:
+    """safetensors reports a failed write (a full disk) as its own error type: an `OSError`
+    here, with the errno it names, so every command treats it as the disk it is."""
+    try:
+        yield
+    except SafetensorError as exc:
+        found = re.search(r"os error (\d+)", str(exc))
+        code = int(found.group(1)) if found else errno.EIO
+        raise OSError(code, f"{os.strerror(code)} (saving under {where})") from exc
 
 
 def _drift_figures(drift: list[tuple[float, float]]) -> dict[str, float | None]:

@@ -128,16 +128,22 @@ def _ask_gateway(url: str, route: str, body: Any) -> dict[str, Any]:
 
 
 def sandbox(args: argparse.Namespace) -> int:
-    from verifiers.sandbox import Isolation, best_isolation
+    from verifiers.sandbox import Isolation, enforcement
 
-    isolation = best_isolation()
+    found = enforcement()
     blocks = {
-        Isolation.BUBBLEWRAP: "no network, a read-only system, a private /tmp",
-        Isolation.UNSHARE: "no network, own pid namespace, an unprivileged uid",
+        Isolation.BUBBLEWRAP: "no network, no host files but /usr, private /tmp and /dev/shm",
+        Isolation.UNSHARE: "no network, own pid namespace, an unprivileged uid; host files "
+        "readable",
         Isolation.PROCESS: "rlimits and a dropped uid only; the network stays reachable",
-    }[isolation]
-    print(f"sandbox isolation: {isolation} ({blocks})")
-    if isolation is Isolation.PROCESS:
+    }[found.isolation]
+    limits = found.limits
+    print(f"sandbox isolation: {found.isolation} ({blocks})")
+    print(f"cgroup: {found.cgroup} (pids {limits.processes}, memory {limits.memory_mb} MB)")
+    print(f"rlimits: {limits.cpu_s} CPU s, {limits.wall_s:g} s wall, {limits.processes} processes, "
+          f"{limits.memory_mb} MB address space, {limits.file_mb} MB files, "
+          f"{limits.tmp_mb} MB /tmp and /dev/shm, {limits.output_bytes} output bytes")  # fmt: skip
+    if found.isolation is not Isolation.BUBBLEWRAP:
         print("code task sets refuse to run here: install bubblewrap (apt-get install bubblewrap)")
     return 0
 

@@ -246,3 +246,106 @@ def test_unavailable_sandbox_python_is_a_clear_error() -> None:
 
     with pytest.raises(VerifierError, match="needs a Python interpreter at /nowhere/python3"):
         Sandbox(python="/nowhere/python3", isolation=Isolation.PROCESS)
+
+
+def confined(sandbox: Sandbox) -> None:
+    """Confidentiality attacks hold only under bubblewrap; code task sets refuse the others."""
+    if sandbox.isolation is not Isolation.BUBBLEWRAP:
+        pytest.skip(f"{sandbox.isolation} shows the host's files: code task sets refuse it")
+
+
+def test_reference_solutions_and_the_store_are_out_of_reach(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    confined(sandbox)
+    root = Path(__file__).resolve().parent.parent
+    store = tmp_path / "flywheel.db"
+    store.write_text("secret rows")
+    store.chmod(0o644)
+    tmp_path.chmod(0o755)
+    paths = [root / "verifiers" / "problems.py", root / "verifiers" / "coding.py", store,
+             root / ".flywheel" / "flywheel.db", Path("/etc/hostname")]  # fmt: skip
+    source = f"""
+import glob
+for path in {[str(p) for p in paths]!r}:
+    try:
+        print("read", path, len(open(path).read()))
+    except OSError as error:
+        print("blocked", path, type(error).__name__)
+print(glob.glob({str(root)!r} + "/*"), glob.glob("/home/*"), glob.glob("/work/*"))
+"""
+    execution = sandbox.run(source)
+    assert execution.status is Status.OK, execution
+    assert "read" not in execution.stdout and execution.stdout.count("blocked") == len(paths)
+    assert "[] [] []" in execution.stdout
+
+
+def test_filling_tmp_and_dev_shm_stays_inside(sandbox: Sandbox) -> None:
+    confined(sandbox)
+    before = {d: _free(d) for d in ("/tmp", "/dev/shm")}
+    source = """
+for folder in ("/tmp", "/dev/shm"):
+    try:
+        with open(folder + "/fill", "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * 2**20)
+                f.flush()
+        print("no limit", folder)
+    except OSError as error:
+        print("full", folder, error.errno)
+"""
+    execution = sandbox.run(source)
+    assert "no limit" not in execution.stdout and execution.stdout.count("full") == 2, execution
+    for folder, free in before.items():  # the host's own tmp and shm got nothing
+        assert _free(folder) > free - (4 << 20)
+    assert not Path("/dev/shm/fill").exists()
+
+
+def test_unix_sockets_on_the_host_are_out_of_reach(sandbox: Sandbox, tmp_path: Path) -> None:
+    confined(sandbox)
+    tmp_path.chmod(0o755)
+    path = tmp_path / "gateway.sock"
+    with socket.socket(socket.AF_UNIX) as named, socket.socket(socket.AF_UNIX) as abstract:
+        named.bind(str(path))
+        path.chmod(0o777)
+        named.listen()
+        abstract.bind("\0flywheel-test-socket")
+        abstract.listen()
+        source = f"""
+import socket
+for address in ({str(path)!r}, "\\0flywheel-test-socket", "/run/postgresql/.s.PGSQL.5432"):
+    try:
+        socket.socket(socket.AF_UNIX).connect(address)
+        print("connected", repr(address))
+    except OSError as error:
+        print("blocked", type(error).__name__)
+"""
+        execution = sandbox.run(source)
+    assert execution.stdout.count("blocked") == 3, execution
+
+
+def test_nothing_is_left_for_the_next_run(sandbox: Sandbox) -> None:
+    confined(sandbox)
+    write = "for f in ('/tmp/left', '/dev/shm/left'):\n    open(f, 'w').write('x')\nprint('ok')"
+    assert sandbox.run(write).stdout == "ok\n"
+    read = "import os\nprint([f for f in ('/tmp/left', '/dev/shm/left') if os.path.exists(f)])"
+    assert sandbox.run(read).stdout == "[]\n"
+
+
+def test_code_task_sets_refuse_every_isolation_but_bubblewrap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from verifiers import catalog, sandbox
+    from verifiers.errors import VerifierError
+
+    for weaker in (Isolation.UNSHARE, Isolation.PROCESS):
+        monkeypatch.setattr(sandbox, "best_isolation", lambda weaker=weaker: weaker)
+        with pytest.raises(
+            VerifierError, match=f"needs bubblewrap isolation.*best here is {weaker}"
+        ):
+            catalog.check("code")
+
+
+def _free(folder: str) -> int:
+    stats = os.statvfs(folder)
+    return stats.f_bavail * stats.f_frsize

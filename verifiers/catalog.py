@@ -75,11 +75,14 @@ def get(name: str) -> TaskSet:
 
 
 def check(name: str) -> None:
-    """Raise a one-line error unless `name` is a task set that can run here."""
-    if get(name).runs_code and sandbox.best_isolation() is sandbox.Isolation.PROCESS:
+    """Raise a one-line error unless `name` is a task set that can run here: model-written code
+    runs only under bubblewrap (`unshare` keeps the network away, but shows the code the host's
+    files: reference solutions, the store, sockets)."""
+    if get(name).runs_code and sandbox.best_isolation() is not sandbox.Isolation.BUBBLEWRAP:
         raise VerifierError(
-            f"task set {name!r} runs model-written code, which needs bubblewrap or unshare "
-            "isolation, and neither works here: install bubblewrap (apt-get install bubblewrap)"
+            f"task set {name!r} runs model-written code, which needs bubblewrap isolation, and "
+            f"the best here is {sandbox.best_isolation()}: install bubblewrap "
+            "(apt-get install bubblewrap)"
         )
 
 

@@ -1,13 +1,17 @@
 """A sandbox for untrusted Python: model-written code runs here, never in our process.
 
 1. Isolation, strongest available first: bubblewrap (every namespace unshared, no network, a
-   read-only /usr, a size-capped tmpfs /tmp, an empty environment, a new session, killed with its
-   parent); else `unshare` (no network, own pid namespace, but the host filesystem stays readable);
-   else a bare process (rlimits and a dropped uid only: it cannot block the network, and says so).
+   read-only /usr and nothing else of the host's files, size-capped private tmpfs /tmp and
+   /dev/shm, an empty environment, a new session, killed with its parent); else `unshare` (no
+   network, own pid namespace, but the host filesystem stays readable); else a bare process
+   (rlimits and a dropped uid only: it cannot block the network, and says so). Code task sets
+   run only under bubblewrap (`verifiers.catalog.check`): the weaker two keep runaways in check
+   but show the code the host's files.
 2. Under any isolation the code runs as an unprivileged uid of its own slot (root is exempt from
    RLIMIT_NPROC, and one uid per slot keeps `kill -9 -1` inside its slot), under rlimits (address
    space, CPU seconds, processes, file size, open files) and, where cgroups are writable, a pids
-   and memory cgroup per slot.
+   and memory cgroup per slot (on cgroup v2 the controllers are enabled for the sandbox's
+   subtree first; `enforcement()` says what a run gets here).
 3. Every run sits under a small reaper of ours (a child subreaper): whatever the sandboxed
    code orphans is reaped there, not left as a zombie charged to the slot's uid on a host whose
    init does not reap.
@@ -161,6 +165,7 @@ def _bubblewrap(limits: Limits) -> list[str]:
         "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
         "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
         "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.tmp_mb << 20), "--tmpfs", "/dev/shm",
         "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
         "--uid", "65534", "--gid", "65534", "--",
     ]  # fmt: skip
@@ -241,6 +246,8 @@ def _make_cgroup(uid: int, limits: Limits) -> _Cgroup | None:
     name = f"flywheel-sandbox/{uid}"
     memory = str(limits.memory_mb << 20)
     if (CGROUP_ROOT / "cgroup.controllers").exists():
+        if not _enable_v2_controllers():
+            return None
         settings = {CGROUP_ROOT / name: {"pids.max": str(limits.processes), "memory.max": memory}}
     else:
         settings = {
@@ -253,9 +260,59 @@ def _make_cgroup(uid: int, limits: Limits) -> _Cgroup | None:
             for file, value in files.items():
                 (directory / file).write_text(value)
     except OSError as error:
-        logger.debug("no sandbox cgroup (%s); rlimits only", error)
+        _warn_once(f"no sandbox cgroup ({error}); rlimits only")
         return None
     return _Cgroup(dirs=tuple(settings))
+
+
+def _enable_v2_controllers() -> bool:
+    """cgroup v2: a child's pids.max and memory.max exist only once its parents delegate the
+    controllers (`+pids +memory` in each parent's cgroup.subtree_control)."""
+    parent = CGROUP_ROOT / "flywheel-sandbox"
+    try:
+        parent.mkdir(exist_ok=True)
+        for level in (CGROUP_ROOT, parent):
+            enabled = (level / "cgroup.subtree_control").read_text().split()
+            missing = [c for c in ("pids", "memory") if c not in enabled]
+            if missing:
+                (level / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in missing))
+    except OSError as error:
+        _warn_once(f"cgroup v2 controllers cannot be enabled ({error}); rlimits only")
+        return False
+    return True
+
+
+@cache
+def _warn_once(message: str) -> None:
+    logger.warning("sandbox: %s", message)
+
+
+class Enforcement(BaseModel):
+    """What a sandboxed run gets on this host: its isolation, whether a cgroup caps its
+    processes and memory (and which version), and the rlimits it always gets."""
+
+    model_config = ConfigDict(frozen=True)
+
+    isolation: Isolation
+    cgroup: str  # "v1", "v2", or why there is none
+    limits: Limits
+
+
+def enforcement(limits: Limits | None = None) -> Enforcement:
+    """Try a cgroup as a run would make one (in a slot of its own), and say what holds."""
+    limits = limits or Limits()
+    version = "v2" if (CGROUP_ROOT / "cgroup.controllers").exists() else "v1"
+    if os.geteuid() != 0:
+        found = "none: cgroups need root"
+    else:
+        with _slot() as slot:
+            cgroup = _make_cgroup(slot.uid, limits)
+            found = version if cgroup is not None else "none: cgroups are not writable here"
+            if cgroup is not None:
+                for directory in cgroup.dirs:
+                    with contextlib.suppress(OSError):
+                        directory.rmdir()
+    return Enforcement(isolation=best_isolation(), cgroup=found, limits=limits)
 
 
 def _sweep(cgroup: _Cgroup, spare: int | None = None) -> None:

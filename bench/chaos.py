@@ -9,6 +9,12 @@ connection resets (through `bench/faults.py`), a worker killed while holding cla
 killed in the middle of a save (torn state and weights), and an adapter load whose answer is lost.
 
     .venv/bin/python bench/chaos.py [--tasks 32] [--group-size 4] [--json PATH]
+    .venv/bin/python bench/chaos.py --soak 30 [--json PATH]
+
+`--soak MINUTES` runs one collection worker for that long through a proxy that answers 3% of
+requests with a 503, resets 3% and stalls 1%, batch after batch (a new round each), and samples
+the process's resident memory, threads and open files after every batch: its row says whether
+every batch was stored whole, and how far each of the three grew over the second half.
 
 `tests/test_chaos.py` runs the same scenarios and asserts nothing is lost or duplicated.
 """
@@ -470,6 +476,100 @@ def run_all(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+class Sample(BaseModel):
+    seconds: float
+    rss_mb: float
+    threads: int
+    open_files: int
+
+
+def soak(args: argparse.Namespace) -> dict[str, object]:
+    """Batches through a faulty proxy for `args.soak` minutes; see the module docstring."""
+    import psutil
+
+    from serving.model import prepare_smollm2, prepare_tiny_llama
+
+    models = ROOT / ".flywheel" / "models"
+    model_path = prepare_tiny_llama(models, prepare_smollm2(models))
+    work = Path(tempfile.mkdtemp(prefix="soak-"))
+    me = psutil.Process()
+    samples: list[Sample] = []
+    totals = {"batches": 0, "submitted": 0, "stored": 0, "lost": 0, "duplicated": 0}
+    faults = Faults(error=0.03, reset=0.03, stall=0.01, seed=11)
+    with supervised_server(model_path, work / "vllm.log", args.port) as server:
+        proxy = FaultProxy(server.url, faults)
+        with proxy.running() as proxied:
+            started = time.monotonic()
+            while time.monotonic() - started < args.soak * 60:
+                batch = totals["batches"]
+                scene = Scene(proxied, model_path.name, f"sqlite:///{work}/soak.db",
+                              args.tasks, args.group_size)  # fmt: skip
+                scene.batch = (batch + 1, "train", model_path.name)
+                _enqueue(scene)
+                finish(scene.collect(worker_settings(lease_s=60.0)))
+                row = _batch_row(scene)
+                for key in ("submitted", "stored", "lost", "duplicated"):
+                    totals[key] += getattr(row, key)
+                totals["batches"] += 1
+                scene.engine.dispose()
+                samples.append(Sample(
+                    seconds=round(time.monotonic() - started, 1),
+                    rss_mb=round(me.memory_info().rss / 2**20, 1),
+                    threads=me.num_threads(), open_files=me.num_fds(),
+                ))  # fmt: skip
+                print(f"  batch {batch + 1}: {row.stored}/{row.submitted} stored, "
+                      f"{samples[-1].rss_mb} MB, {samples[-1].threads} threads, "
+                      f"{samples[-1].open_files} files", file=sys.stderr)  # fmt: skip
+        totals |= {f"proxy_{kind}": n for kind, n in proxy.counts.items()}
+    half = samples[len(samples) // 2 :] or samples
+    growth = {
+        "rss_mb": round(half[-1].rss_mb - half[0].rss_mb, 1),
+        "threads": half[-1].threads - half[0].threads,
+        "open_files": half[-1].open_files - half[0].open_files,
+    }
+    return {"minutes": args.soak, **totals, "second_half_growth": growth,
+            "peak": {"rss_mb": max(s.rss_mb for s in samples),
+                     "threads": max(s.threads for s in samples),
+                     "open_files": max(s.open_files for s in samples)},
+            "samples": [s.model_dump() for s in samples]}  # fmt: skip
+
+
+def _enqueue(scene: Scene) -> None:
+    """The scene's tasks again, under its batch (the constructor enqueued round 1's)."""
+    sampling = CollectSettings(group_size=scene.group_size, max_tokens=32)
+    with store.transaction(scene.engine) as session:
+        items = worker.plan_items(
+            scene.batch, scene.tasks, lambda t: worker.Plan(task=t, sampling=sampling)
+        )
+        workqueue.enqueue(session, items)
+
+
+def _batch_row(scene: Scene) -> Row:
+    """The scene's own batch counted: attempts of its round's groups, lost and twice-stored."""
+    round_index, purpose, version = scene.batch
+    with store.transaction(scene.engine) as session:
+        groups = store.load_groups(session, purpose, round_index, version)
+    per_task: dict[str, int] = {}
+    for group in groups:
+        per_task[group.task_id] = per_task.get(group.task_id, 0) + 1
+    size = scene.group_size
+    return Row(
+        fault="soak batch", submitted=len(scene.tasks) * size,
+        stored=sum(len(g.first_attempts) for g in groups),
+        lost=sum(size for t in scene.tasks if t.task_id not in per_task),
+        duplicated=sum((n - 1) * size for n in per_task.values() if n > 1), recover_s=None,
+    )  # fmt: skip
+
+
+def print_soak(result: dict[str, object]) -> None:
+    growth, peak = result["second_half_growth"], result["peak"]
+    print(f"{'soak':<10} {'minutes':>7} {'batches':>7} {'submitted':>9} {'stored':>7} "
+          f"{'lost':>5} {'dup':>4}")  # fmt: skip
+    print(f"{'':<10} {result['minutes']:>7} {result['batches']:>7} {result['submitted']:>9} "
+          f"{result['stored']:>7} {result['lost']:>5} {result['duplicated']:>4}")  # fmt: skip
+    print(f"peak: {peak}; growth over the second half: {growth}")
+
+
 def print_table(rows: list[Row]) -> None:
     print(f"{'fault':<30} {'submitted':>9} {'stored':>7} {'lost':>5} {'dup':>4} {'recover s':>9}")
     for r in rows:
@@ -486,7 +586,15 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--port", type=int, default=8051)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--soak", type=float, default=None, help="minutes of a soak instead")
     args = parser.parse_args()
+    if args.soak is not None:
+        result = soak(args)
+        print_soak(result)
+        if args.json:
+            result["settings"] = {k: str(v) for k, v in vars(args).items()}
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return
     rows = run_all(args)
     print_table(rows)
     if args.json:

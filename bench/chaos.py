@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents.settings import CollectSettings  # noqa: E402
 from agents.watchdog import WatchdogSettings  # noqa: E402
+from bench.common import write_results  # noqa: E402
 from bench.faults import FaultProxy, Faults  # noqa: E402
 from flows import worker  # noqa: E402
 from memory import store, workqueue  # noqa: E402
@@ -476,6 +477,10 @@ def run_all(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+# A stalled request is given up within a minute (the default ceiling is 30 minutes).
+SOAK_WATCHDOG = WatchdogSettings(poll_s=2.0, stall_s=30.0, floor_s=30.0, ceiling_s=60.0)
+
+
 class Sample(BaseModel):
     seconds: float
     rss_mb: float
@@ -506,7 +511,7 @@ def soak(args: argparse.Namespace) -> dict[str, object]:
                               args.tasks, args.group_size)  # fmt: skip
                 scene.batch = (batch + 1, "train", model_path.name)
                 _enqueue(scene)
-                finish(scene.collect(worker_settings(lease_s=60.0)))
+                finish(scene.collect(worker_settings(watchdog=SOAK_WATCHDOG)))
                 row = _batch_row(scene)
                 for key in ("submitted", "stored", "lost", "duplicated"):
                     totals[key] += getattr(row, key)
@@ -593,7 +598,7 @@ def main() -> None:
         print_soak(result)
         if args.json:
             result["settings"] = {k: str(v) for k, v in vars(args).items()}
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            write_results(args.json, result)
         return
     rows = run_all(args)
     print_table(rows)

@@ -41,7 +41,7 @@ setup: $(VENV)/.installed $(SERVING)/.installed
 model: setup
 	$(VENV)/bin/flywheel prepare-model
 
-# Ruff everywhere; mypy --strict on memory/, trainer/ and agents/ (pyproject.toml).
+# Ruff everywhere; mypy --strict on every package (pyproject.toml).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.serving import free_port, seed_store, server_settings_for  # noqa: E402
 from examples.agent import ADD, solve  # noqa: E402
-from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
 from memory.records import Attempt  # noqa: E402
 from memory.sessions import episodes, session_turns  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
 from serving.model import prepare_smollm2  # noqa: E402
 from serving.server import VllmServer  # noqa: E402

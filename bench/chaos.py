@@ -47,11 +47,11 @@ from agents.settings import CollectSettings  # noqa: E402
 from agents.watchdog import WatchdogSettings  # noqa: E402
 from bench.common import write_results  # noqa: E402
 from bench.faults import FaultProxy, Faults  # noqa: E402
-from flows import worker  # noqa: E402
 from memory import store, workqueue  # noqa: E402
 from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow  # noqa: E402
 from serving.server import ServerSettings, VllmServer  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
+from workers import worker  # noqa: E402
 
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
 STRUCK_TOKENS = 512  # rollouts a fault strikes in the middle of: long enough on a fast machine
@@ -300,7 +300,7 @@ def worker_killed(url: str, model: str, db_url: str, tasks: int, group_size: int
 
     def start(name: str, *extra: str) -> subprocess.Popen[bytes]:
         command = [
-            sys.executable, "-m", "flows.cli", "worker", "--db", db_url, "--server-url", url,
+            sys.executable, "-m", "cli", "worker", "--db", db_url, "--server-url", url,
             "--lease", "5", "--lot-size", "4", "--workdir", str(logs), *extra,
         ]  # fmt: skip
         out = (logs / f"{name}.log").open("w")

@@ -30,14 +30,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.learn import final_version, paired  # noqa: E402
 from bench.smollm2_server import fixed_server  # noqa: E402
-from flows import worker  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
-from flows.table import text_table  # noqa: E402
 from memory import store, workqueue  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.server import VllmServer  # noqa: E402
 from trainer.merge import merge_version  # noqa: E402
 from verifiers.catalog import eval_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
+from workers import worker  # noqa: E402
 
 
 def main() -> None:

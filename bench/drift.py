@@ -22,8 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.model import prepare_smollm2  # noqa: E402
 from trainer.round import train_round  # noqa: E402
 from trainer.settings import TrainSettings  # noqa: E402

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agents.policy import PolicyClient  # noqa: E402
-from flows.table import text_table  # noqa: E402
 from memory.records import Sample, SamplingSettings  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.model import prepare_smollm2  # noqa: E402
 from serving.server import ServerSettings, VllmServer, cpu_dtype  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402

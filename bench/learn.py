@@ -60,8 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.intervals import paired_difference  # noqa: E402
 from bench.smollm2_server import MODELS, smollm2_server  # noqa: E402
-from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 
 # the default with HeRL's revisions drawn at 1.0, the best verified one trained as a distill copy

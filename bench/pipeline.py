@@ -45,8 +45,8 @@ from agents.context import bare_messages  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
-from flows.table import text_table  # noqa: E402
 from memory.records import SamplingSettings  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.server import split_cores  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 
@@ -165,8 +165,8 @@ def scale_out(args: argparse.Namespace) -> dict[str, Any]:
 def collect_with_workers(args: argparse.Namespace, cpus: list[str | None]) -> dict[str, Any]:
     """One `flywheel worker` per entry of `cpus`, each on its own SmolLM2 server pinned there
     (None: vLLM's own binding); seconds from enqueueing the batch to its last group stored."""
-    from flows import worker
     from memory import store, workqueue
+    from workers import worker
 
     tasks = train_tasks("arithmetic", args.tasks, seed=11, held_out=[])
     sampling = CollectSettings(

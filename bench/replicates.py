@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.intervals import mean_interval, welch_difference  # noqa: E402
-from flows.table import text_table  # noqa: E402
+from reports.table import text_table  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from smollm2_server import fixed_server  # noqa: E402
 
 from agents import reflection  # noqa: E402
-from flows.table import text_table  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 from serving.server import VllmServer, cpu_dtype, split_cores  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402

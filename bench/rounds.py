@@ -27,9 +27,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.table import text_table  # noqa: E402
 from memory import store  # noqa: E402
 from memory.records import Attempt, Group, TrainingRound  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts  # noqa: E402
 from trainer.settings import TrainSettings  # noqa: E402
 from verifiers.answer import extract_answer  # noqa: E402

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos import random_adapter  # noqa: E402
-from flows.table import text_table  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving import weights  # noqa: E402
 from serving.adapters import ensure_loaded  # noqa: E402
 from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402

@@ -1,6 +1,6 @@
 """Start-up benchmark: the policy's and the reviewer's servers one after the other, and side by
 side as `flywheel run --reviewer` starts them (both launched before either is waited on, each
-pinned to cores of its own, `flows.launch._start`). Seconds from the first launch until both
+pinned to cores of its own, `cli.launch._start`). Seconds from the first launch until both
 generate.
 
     .venv/bin/python bench/startup.py [--reviewer qwen2.5-coder-0.5b] [--json PATH]
@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from smollm2_server import fixed_server  # noqa: E402
 
-from flows.launch import _start  # noqa: E402
-from flows.table import text_table  # noqa: E402
+from cli.launch import _start  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 from serving.server import ServerSettings, side_by_side  # noqa: E402
 

@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from flows.table import text_table  # noqa: E402
 from memory.records import Attempt, Group, Sample, SamplingSettings  # noqa: E402
+from reports.table import text_table  # noqa: E402
 from trainer.round import train_round  # noqa: E402
 from trainer.settings import TrainSettings  # noqa: E402
 

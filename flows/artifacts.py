@@ -1,5 +1,5 @@
 """What a round leaves in the Prefect UI: the table of every round so far, and a link to the
-report page with its plots, rewritten after each round (`flows.report`).
+report page with its plots, rewritten after each round (`reports.report`).
 
 Artifacts are for people: a failure to write them is logged and never fails the round.
 """
@@ -12,9 +12,9 @@ import anyio
 from prefect import get_run_logger
 from prefect.artifacts import acreate_link_artifact, acreate_table_artifact
 
-from flows import report, stages
 from flows.settings import RunSettings
 from memory import store
+from reports import report
 
 
 async def publish_round(settings: RunSettings, round_index: int) -> Path | None:
@@ -41,7 +41,7 @@ async def publish_round(settings: RunSettings, round_index: int) -> Path | None:
 
 
 def _write_report(settings: RunSettings, path: Path) -> report.Report:
-    with store.transaction(stages.engine(settings.db_url)) as session:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
         data = report.build(session)
     report.write_html(data, path)
     return data

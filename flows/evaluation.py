@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine
 
 from flows.settings import RunSettings
-from flows.stages import collect, engine
+from flows.stages import collect
 from memory import store
 from memory.records import Group, PolicyVersion
 from verifiers.catalog import eval_tasks
@@ -76,7 +76,7 @@ async def baseline(
     """The held-out tasks and the base model's figures. The base model is recorded, with its
     folder (the weights a merged-weights server goes back to), and promoted if nothing is; its
     groups, once stored, are read back, not sampled again."""
-    db = engine(settings.db_url)
+    db = store.shared_engine(settings.db_url)
     folder = str(base_model)  # an absolute path: the launcher resolved it
     with store.transaction(db) as session:
         store.save_policy_version(

@@ -12,7 +12,7 @@
 4. An infrastructure failure is never an answer: a stage that meets a server that stays down,
    or a task that failed for good, raises `ServerUnavailable`, and nothing it could not finish
    is stored as a result or an evaluation. Each stage first checks that the server generates
-   with the version it needs (`flows.readiness`).
+   with the version it needs (`workers.readiness`).
 5. The continuous loop (`serve_rounds`) splits a round across two deployments: `collect_batch`
    gathers a fresh batch for the next round on an interval, and `train_when_ready` trains,
    swaps, evaluates and promotes once that round has enough complete groups. With `source`
@@ -23,16 +23,20 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, serve
 from prefect.deployments import run_deployment
+from prefect.deployments.runner import RunnerDeployment
 
-from flows import evaluation, rounds, stages, worker
+from flows import evaluation, rounds, stages
 from flows.settings import RunSettings
-from flows.summary import FailedTask, RoundSummary, RunSummary
 from memory import sessions, store, workqueue
+from reports.summary import FailedTask, RoundSummary, RunSummary
 from verifiers.catalog import train_tasks
+from workers import worker
 
 DRAIN = "flywheel-drain/drain"  # the queue worker deployment of `flows.pools`
 
@@ -70,7 +74,7 @@ async def flywheel_run(
 
 def _failed_tasks(settings: RunSettings, round_indices: set[int]) -> list[FailedTask]:
     """The tasks of these rounds left out for failing by their own doing."""
-    with store.transaction(stages.engine(settings.db_url)) as session:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
         items = workqueue.failed(session)
     return [
         FailedTask(
@@ -107,7 +111,7 @@ async def collect_batch(
         settings, server_url, base_name, Path(base_model_path), clock.seconds
     )
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
-    with store.transaction(stages.engine(settings.db_url)) as session:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
         have = len(store.load_groups(session, "train", ctx.round_index, ctx.current.name))
     batch = have // settings.tasks
     seed = ctx.round_index if batch == 0 else ctx.round_index * 1000 + batch
@@ -115,7 +119,8 @@ async def collect_batch(
     servers = settings.replicas or [server_url]
     for index in range(helpers):  # they claim from the queue once the batch is in it
         parameters = {"server_url": servers[index % len(servers)]}
-        await run_deployment(DRAIN, parameters=parameters, timeout=0, as_subflow=False)
+        started = run_deployment(DRAIN, parameters=parameters, timeout=0, as_subflow=False)
+        await cast(Awaitable[Any], started)  # Prefect's sync-or-async call, awaited here
     groups = await rounds.collect_stage(ctx, tasks, clock)
     get_run_logger().info(
         "round %d: batch %d collected, %d groups", ctx.round_index, batch + 1, len(groups)
@@ -141,7 +146,7 @@ async def train_when_ready(
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
     if settings.source != "generated" and settings.judge:
         await stages.judge_captured(settings)
-    with store.transaction(stages.engine(settings.db_url)) as session:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
         record = store.training_round(session, ctx.round_index)
         if settings.source != "generated" and (record is None or record.status != "running"):
             adopted = sessions.adopt(session, ctx.round_index, ctx.current.name)
@@ -185,15 +190,22 @@ def serve_rounds(
         "base_name": base_name,
         "base_model_path": base_model_path,
     }
-    collecting = collect_batch.to_deployment(
+    collecting = as_deployment(collect_batch.to_deployment(
         name="collect", interval=every_s, parameters=parameters,
         description="A fresh batch of train tasks from the promoted version.",
-    )  # fmt: skip
-    training = train_when_ready.to_deployment(
+    ))  # fmt: skip
+    training = as_deployment(train_when_ready.to_deployment(
         name="train", interval=train_every_s, parameters={**parameters, "min_groups": min_groups},
         description="Train, swap, evaluate and promote once enough complete groups exist.",
-    )  # fmt: skip
+    ))  # fmt: skip
     if settings.source == "captured":  # rounds train on agent traffic alone
         serve(training, limit=1)
     else:
         serve(collecting, training, limit=1)
+
+
+def as_deployment(made: Any) -> RunnerDeployment:
+    """What `to_deployment` returns when called outside an event loop (Prefect types it as
+    either that or a coroutine)."""
+    assert isinstance(made, RunnerDeployment)
+    return made

@@ -18,7 +18,7 @@ default, created if missing):
 
 A worker's machine needs the project installed, `PREFECT_API_URL`, and, where its view of the
 store or the model server differs from the deploying machine's, `FLYWHEEL_DB_URL` and
-`FLYWHEEL_SERVER_URL` (`flows.worker.here`). Versions are written under the run's work folder:
+`FLYWHEEL_SERVER_URL` (`workers.worker.here`). Versions are written under the run's work folder:
 it must be one shared path on the training machines and the model server (docs/scaling.md).
 """
 
@@ -42,15 +42,15 @@ from prefect.client.schemas.objects import (
     ConcurrencyLimitStrategy,
     StateType,
 )
-from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists
+from prefect.types.entrypoint import EntrypointType
 from prefect.workers.process import ProcessWorker
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows import worker
-from flows.flywheel import DRAIN, collect_batch, train_when_ready
+from flows.flywheel import DRAIN, as_deployment, collect_batch, train_when_ready
 from flows.settings import RunSettings
 from memory.store import open_store
+from workers import worker
 
 
 class PoolSettings(BaseModel):
@@ -167,7 +167,7 @@ def deploy(
         )),
     }  # fmt: skip
     for pool, deployment in deployments.values():
-        deployment.apply(work_pool_name=pool)
+        as_deployment(deployment).apply(work_pool_name=pool)
     return {name: pool for name, (pool, _) in deployments.items()}
 
 
@@ -186,6 +186,15 @@ async def describe() -> list[PoolView]:
     """Every work pool of the Prefect API this process talks to."""
     async with get_client() as client:
         return [await _view(client, pool) for pool in await client.read_work_pools()]
+
+
+def describe_at(api: str) -> list[PoolView]:
+    """Every work pool of the Prefect API at `api` (blocking)."""
+    import anyio
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api}):
+        return anyio.run(describe)
 
 
 async def _view(client: Any, pool: Any) -> PoolView:

@@ -28,9 +28,9 @@ from pydantic import BaseModel, ConfigDict
 
 from flows import artifacts, evaluation, stages
 from flows.settings import RunSettings
-from flows.summary import RoundSummary
 from memory import store
 from memory.records import ROLLOUT_KINDS, Group, PolicyVersion, TrainingRound
+from reports.summary import RoundSummary
 from serving import promotion
 from serving.adapters import ensure_loaded
 from trainer.dataset import member_advantages
@@ -78,7 +78,7 @@ def start(
     settings: RunSettings, server_url: str, base_name: str, base_model: Path, held_out: list[Task]
 ) -> RoundContext:
     """The next round's context: its index and the promoted version, served."""
-    with store.transaction(stages.engine(settings.db_url)) as session:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
         round_index = store.next_round_index(session)
         current = store.promoted_policy(session)
     assert current is not None, "the baseline promotes the base model first"
@@ -155,7 +155,7 @@ async def train_stage(
                 await swap(ctx.settings, ctx.server_url, ctx.current)
         _prune_merged(ctx)
     gained, lost = evaluation.paired(
-        stages.engine(ctx.settings.db_url), ctx.base_name, name, ctx.held_out
+        store.shared_engine(ctx.settings.db_url), ctx.base_name, name, ctx.held_out
     )
     await artifacts.publish_round(ctx.settings, ctx.round_index)
     return summary.model_copy(
@@ -200,7 +200,7 @@ def _collected(ctx: RoundContext, groups: list[Group]) -> RoundSummary:
 
 def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound, list[Group]]:
     """The round's record with its data cursor: the one stored, or a new one committed now."""
-    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+    with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
         stored = store.training_round(session, ctx.round_index)
         if stored is not None and stored.status == "running" and stored.group_ids:
             log.info(
@@ -238,7 +238,7 @@ def _publish(
         weights_path=weights_path,
         round_index=ctx.round_index,
     )
-    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+    with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
         store.save_policy_version(session, version)
         for group in groups:
             assert group.id is not None
@@ -254,7 +254,7 @@ def _judge(
     figures: evaluation.Evaluation,
 ) -> bool:
     """Record the evaluation, let the gate decide, finish the round; whether it was promoted."""
-    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+    with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
         store.record_evaluation(session, name, figures.pass_at_1)
         decision = promotion.promote(session, name, ctx.settings.gate)
         metrics = {**trained.model_dump(), "eval_pass_at_1": figures.pass_at_1}
@@ -270,14 +270,14 @@ def _judge(
 
 
 def _finish(ctx: RoundContext, record: TrainingRound, update: dict[str, object]) -> None:
-    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+    with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
         store.save_training_round(session, record.model_copy(update=update))
 
 
 def _prune_merged(ctx: RoundContext) -> None:
     """Keep the newest `keep_merged` merged folders, and those of the serving version and its
     rollback target; remove the others (the adapters stay, the versions' compact records)."""
-    with store.transaction(stages.engine(ctx.settings.db_url)) as session:
+    with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
         kept = {v.name for v in store.promoted_history(session)[:2]}
         merged = [v for v in store.policy_versions(session) if v.weights_path and v.adapter_path]
         newest = sorted(merged, key=lambda v: v.round_index)[-ctx.settings.keep_merged :]

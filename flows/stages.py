@@ -35,8 +35,6 @@ from agents.errors import PolicyError, ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
-from flows import worker
-from flows.readiness import Readiness
 from flows.settings import RunSettings
 from memory import library, sessions, store, workqueue
 from memory.embedding import Embedder
@@ -47,20 +45,19 @@ from serving.adapters import ensure_loaded
 from trainer import distributed
 from trainer.round import RoundResult
 from verifiers.task import Task
+from workers import worker
+from workers.readiness import Readiness
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@cache
-def engine(db_url: str) -> Engine:
-    """One engine per database for the life of the process."""
-    return store.open_store(db_url)
-
-
 def within_deadline(stage: T, settings: RunSettings) -> T:
     """The stage with its deadline: one that runs past `stage_timeout_s` fails (Prefect)."""
-    return stage.with_options(timeout_seconds=settings.stage_timeout_s)  # type: ignore[attr-defined]
+    bounded: T = stage.with_options(  # type: ignore[attr-defined]
+        timeout_seconds=settings.stage_timeout_s
+    )
+    return bounded
 
 
 @task(cache_policy=NO_CACHE)
@@ -77,7 +74,7 @@ async def collect(
     workers sharing the store), wait until the batch is done; return all its groups. A task
     that failed by its own doing is left out (logged, and kept on its work item); one that
     failed for want of a server fails the stage."""
-    db = engine(settings.db_url)
+    db = store.shared_engine(settings.db_url)
     batch = (round_index, purpose, version)
     shaping = settings.outcome if purpose == "train" else None
     await Readiness(db, server_url, settings.outage_s).ensure(version, swap=True)
@@ -163,7 +160,7 @@ def _planner(
 def curate(settings: RunSettings, groups: list[Group]) -> Admission:
     """Grow the library from this round's lessons that the verifier confirmed."""
     drafts = confirmed_lessons(groups)
-    with store.transaction(engine(settings.db_url)) as session:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
         report = library.admit(session, drafts, LibrarySettings(), _embedder().embed_bytes)
         size = library.size(session)
     get_run_logger().info(
@@ -214,7 +211,7 @@ async def judge_captured(settings: RunSettings) -> int:
     the number of episodes scored. A group the judge could not score stays unrated."""
     reviewer = _reviewer(settings)
     assert reviewer is not None, "the settings require a reviewer to judge"
-    db = engine(settings.db_url)
+    db = store.shared_engine(settings.db_url)
     with store.transaction(db) as session:
         unrated = sessions.episode_groups(session, rated=False)
     scored = 0
@@ -277,5 +274,5 @@ async def swap(settings: RunSettings, server_url: str, version: PolicyVersion) -
                 ensure_loaded, url, version.name, Path(version.adapter_path)
             )
         return
-    readiness = Readiness(engine(settings.db_url), server_url, settings.outage_s)
+    readiness = Readiness(store.shared_engine(settings.db_url), server_url, settings.outage_s)
     await readiness.ensure(version.name, swap=True)

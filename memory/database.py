@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,12 @@ def open_store(url: str) -> Engine:
             current = _create(engine)
     _check(parsed, current)
     return engine
+
+
+@cache
+def shared_engine(url: str) -> Engine:
+    """One engine per database for the life of the process, shared by whoever asks."""
+    return open_store(url)
 
 
 def migrate(url: str, target: str | None = None) -> tuple[str | None, str]:

@@ -16,6 +16,7 @@ idempotent upserts on natural keys, so a re-run after a crash never duplicates.
 
 from memory.database import (
     open_store,
+    shared_engine,
     transaction,
 )
 from memory.groups import (
@@ -78,6 +79,7 @@ __all__ = [
     "load_groups",
     "next_round_index",
     "open_store",
+    "shared_engine",
     "outcome_counts",
     "policy_version",
     "policy_versions",

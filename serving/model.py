@@ -149,7 +149,9 @@ def _save_dequantised(gguf: Path, out: Path) -> None:
     config_dict.pop("quantization_config", None)
     # GGUF loading records the loader's dtype; the model folder is plain float32.
     config_dict["dtype"] = "float32"
-    fresh = AutoModelForCausalLM.from_config(type(loaded.config).from_dict(config_dict))
+    fresh = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        type(loaded.config).from_dict(config_dict)
+    )
     fresh.load_state_dict(loaded.state_dict())
     fresh.save_pretrained(out)
     tokenizer.save_pretrained(out)

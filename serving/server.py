@@ -5,7 +5,7 @@
    either as LoRA adapters hot-loaded under new names (`weights="lora"`), or as merged weights
    reloaded in place through vLLM's dev-mode routes (`weights="merged"`, `serving.weights`),
    which leaves LoRA off and the model on its fast path. A restarted server starts from the base
-   weights; whoever needs a version serves it again (`flows.readiness`).
+   weights; whoever needs a version serves it again (`workers.readiness`).
 2. Healthy means `/health` answers 200 *and* a 1-token generation succeeds: a dead engine can still
    answer some routes. A probe that times out on a busy server still counts as alive when the
    engine's generated-token counter (`/metrics`) moved since the last probe, or when the

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 )
 def test_help(command: list[str]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *command, "--help"],
+        [sys.executable, "-m", "cli", *command, "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -410,7 +410,7 @@ def test_servers_side_by_side_are_all_launched_before_any_is_waited_on(monkeypat
     the slower start, not for both in a row; both are closed with the run."""
     import contextlib
 
-    from flows import launch
+    from cli import launch
     from serving import server
 
     calls: list[str] = []

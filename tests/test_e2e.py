@@ -16,7 +16,7 @@ import pytest
 from agents.collector import collect_groups
 from agents.policy import PolicyClient
 from agents.settings import CollectSettings
-from flows.cli import main
+from cli.main import main
 from memory import folders, store
 from serving.adapters import ensure_loaded, load_adapter, loaded_models
 from tests.conftest import free_port, make_group
@@ -291,7 +291,7 @@ def test_a_run_killed_while_training_resumes_the_round(
             update = {"policy_version": tiny_model_path.name, "question": task.question}
             store.save_group(session, group.model_copy(update=update))
     command = [
-        sys.executable, "-m", "flows.cli", "run", "--config", str(config), "--db", db,
+        sys.executable, "-m", "cli", "run", "--config", str(config), "--db", db,
         "--weights", "lora",
         "--workdir", str(tmp_path), "--model", str(tiny_model_path), "--server-url", tiny_server,
         "--rounds", "1", "--tasks", "4", "--group-size", "4", "--eval-tasks", "2",

@@ -465,8 +465,8 @@ def test_library_lessons_replace_the_demo_in_the_guided_slots() -> None:
 
 
 def test_the_experience_gain_compares_lesson_slots_with_bare_ones() -> None:
-    from flows.worker import experience_gain
     from tests.conftest import make_group
+    from workers.worker import experience_gain
 
     group = make_group([1.0, 1.0, 0.0, 1.0])
     contexts = ["experience", "experience", "bare", "bare"]

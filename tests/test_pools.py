@@ -34,12 +34,13 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from agents.settings import CollectSettings
-from flows import orchestrator, pools, worker
+from flows import orchestrator, pools
 from flows.flywheel import DRAIN
 from memory import store, workqueue
 from memory.models import RolloutGroupRow, WorkItemRow
 from tests.conftest import free_port, make_group, pg_database
 from verifiers.reasoning import train_tasks
+from workers import worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres, pytest.mark.slow]
 
@@ -215,7 +216,7 @@ def test_training_and_collection_overlap_and_training_runs_one_at_a_time(
             store.save_group(session, group.model_copy(update={"policy_version": base}))
     enqueue(pg_url, (9, "train", tiny_model_path.name), 48, seed=9)  # the drain's batch
     command = [
-        sys.executable, "-m", "flows.cli", "deploy", "--server-url", tiny_server,
+        sys.executable, "-m", "cli", "deploy", "--server-url", tiny_server,
         "--model", str(tiny_model_path), "--db", pg_url, "--workdir", str(tmp_path),
         "--collect-pool", "cpu", "--train-pool", "gpu", "--every", "3600", "--train-every",
         "3600", "--tasks", "2", "--group-size", "4", "--eval-tasks", "2", "--lease", "4",

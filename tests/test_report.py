@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from flows.cli import main
-from flows.report import build, format_table, write_html
+from cli.main import main
 from memory import library, store
 from memory.library import LibrarySettings
 from memory.records import LessonDraft, PolicyVersion, TrainingRound
+from reports.report import build, format_table, write_html
 from tests.conftest import make_group
 
 

@@ -39,7 +39,7 @@ def start_serve(
     environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     environment |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
     command = [
-        sys.executable, "-m", "flows.cli", "serve", "--server-url", server,
+        sys.executable, "-m", "cli", "serve", "--server-url", server,
         "--model", str(model), "--db", db, "--workdir", str(tmp_path), *flags,
         "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
     ]  # fmt: skip

@@ -243,7 +243,7 @@ def test_a_round_adopts_rated_episode_groups_once_and_keeps_their_lineage(captur
 def test_a_session_is_exported_and_forgotten_from_the_command_line(
     capturing, tmp_path: Path, capsys
 ) -> None:
-    from flows.cli import main
+    from cli.main import main
     from memory.sessions import adopt
 
     client, engine = capturing()

@@ -1,4 +1,4 @@
-from flows.summary import RoundSummary, RunSummary, format_table
+from reports.summary import RoundSummary, RunSummary, format_table
 
 
 def summary(base: float, best: float | None, eval_tasks: int = 64) -> RunSummary:

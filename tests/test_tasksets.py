@@ -214,7 +214,7 @@ def test_a_task_record_keeps_its_id_and_takes_the_plugin_s_name() -> None:
 
 
 def test_guided_attempts_need_a_worked_example(plugin_dir: Path, tmp_path: Path, capsys) -> None:
-    from flows.cli import main
+    from cli.main import main
 
     write(
         plugin_dir,

@@ -172,7 +172,7 @@ def test_a_round_with_merged_weights_through_the_cli(
 ) -> None:
     """`flywheel run --weights merged`: the round's adapter is merged and published, the server
     is swapped to it for the held-out evaluation, and the version the gate chose serves after."""
-    from flows.cli import main
+    from cli.main import main
     from memory import store
     from tests.conftest import make_group
     from verifiers.reasoning import eval_tasks, train_tasks

@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import func, select
 
 from agents.settings import CollectSettings
-from flows import worker
 from memory import store, workqueue
 from memory.models import AttemptRow, RolloutGroupRow
 from verifiers.reasoning import train_tasks
+from workers import worker
 
 pytestmark = pytest.mark.vllm
 
@@ -31,7 +31,7 @@ def start_worker(
 ) -> subprocess.Popen:
     log = (tmp_path / f"{name}.log").open("w")
     command = [
-        sys.executable, "-m", "flows.cli", "worker", "--db", db_url, "--server-url", server,
+        sys.executable, "-m", "cli", "worker", "--db", db_url, "--server-url", server,
         "--lease", "4", "--lot-size", "3", "--workdir", str(tmp_path), *extra,
     ]  # fmt: skip
     return subprocess.Popen(command, stderr=log, stdout=log, start_new_session=True)

@@ -196,7 +196,7 @@ def test_a_worker_whose_server_stays_down_stops_and_gives_everything_back(tmp_pa
     import pytest
 
     from agents.errors import ServerUnavailable
-    from flows import worker
+    from workers import worker
 
     engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     with transaction(engine) as session:
@@ -219,7 +219,7 @@ def test_only_dead_workers_of_this_machine_lose_their_claims(tmp_path) -> None:
     import socket
     import subprocess
 
-    from flows.worker import new_owner, release_dead_local_workers
+    from workers.worker import new_owner, release_dead_local_workers
 
     engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     gone = subprocess.Popen(["true"])
@@ -240,7 +240,7 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
     import anyio
     import pytest
 
-    from flows import worker
+    from workers import worker
 
     engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     with transaction(engine) as session:
@@ -277,8 +277,8 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
 def test_a_group_from_a_merged_server_is_recorded_under_its_version() -> None:
     """A merged-weights server answers under its one model name: the group and the policy's
     attempts take the version's name; a reviewer's reflection keeps its own."""
-    from flows.worker import _as_version
     from tests.conftest import make_group
+    from workers.worker import _as_version
 
     group = make_group([1.0, 0.0]).model_copy(update={"policy_version": "base"})
     reflection = group.attempts[1].model_copy(
@@ -296,7 +296,7 @@ def test_a_task_that_timed_out_under_load_is_given_back_uncounted(tmp_path) -> N
     import anyio
 
     from agents.errors import ServerBusy, ServerUnavailable
-    from flows import worker
+    from workers import worker
 
     class Up:
         def check(self, version: str) -> None:
@@ -325,7 +325,7 @@ def test_a_worker_whose_answers_came_too_late_under_load_halves_its_load() -> No
     import anyio
 
     from agents.errors import ServerBusy, ServerUnavailable
-    from flows.worker import _ease_off
+    from workers.worker import _ease_off
 
     async def eased(limit: int, failures: list[ServerUnavailable]) -> float:
         limiter = anyio.CapacityLimiter(limit)
@@ -349,8 +349,8 @@ def test_a_lot_is_claimed_while_earlier_lots_wait_on_their_slowest_groups(
     import anyio
 
     from agents.settings import CollectSettings
-    from flows import worker
     from verifiers.reasoning import train_tasks
+    from workers import worker
 
     engine = open_store(f"sqlite:///{tmp_path / 'q.db'}")
     tasks = train_tasks("arithmetic", 6, seed=5, held_out=[])

@@ -22,7 +22,7 @@
    A deadline passed under load (`ServerBusy`) is never counted: the queue was too long, not
    the task at fault. The worker then halves the requests it keeps in flight, and grows them
    back by one a stored group (`_ease_off`). Before each lot the worker waits for the server to
-   generate with the lot's version (`flows.readiness`), up to `outage_s`; after that it stops
+   generate with the lot's version (`workers.readiness`), up to `outage_s`; after that it stops
    with `ServerUnavailable`, giving back everything it held.
 """
 
@@ -48,11 +48,11 @@ from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
-from flows.readiness import Readiness
 from memory import library, store, workqueue
 from memory.library import LibrarySettings
 from memory.records import Group, GroupPurpose, WorkItem
 from verifiers.task import Task
+from workers.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class WorkerSettings(BaseModel):
     watchdog: WatchdogSettings = WatchdogSettings()
 
     def backoff(self, failures: int) -> float:
-        return min(self.retry_s * 2 ** max(failures - 1, 0), 60.0)
+        return min(self.retry_s * 2.0 ** max(failures - 1, 0), 60.0)
 
 
 class Plan(BaseModel):

@@ -19,9 +19,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
-from flows.table import text_table
 from memory import library, store, workqueue
 from memory.folders import atomic_file
+from reports.table import text_table
 
 
 class RoundRow(BaseModel):

@@ -6,7 +6,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from flows.table import text_table
+from reports.table import text_table
 
 
 class RoundSummary(BaseModel):
@@ -119,6 +119,7 @@ def _verdict(summary: RunSummary) -> str:
     best, base = best_round.eval_pass_at_1 or 0.0, summary.baseline_pass_at_1
     change = f"best held-out pass@1 {best:.3f} vs base {base:.3f}"
     gained, lost = best_round.eval_gained, best_round.eval_lost
+    margin: float
     if gained is not None and lost is not None:
         margin, noise = gained - lost, 2 * math.sqrt(gained + lost)
         detail = f"{gained} tasks gained, {lost} lost; 2 standard errors: {noise:.1f} tasks"

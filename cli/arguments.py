@@ -74,7 +74,3 @@ def model_folder(model: str, cache_dir: Path, flag: str = "--model") -> Path:
     if not (folder / "config.json").is_file():
         raise FlowError(f"{flag} {model!r} is none of {', '.join(MODELS)}, nor a model folder")
     return folder
-
-
-def score(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"

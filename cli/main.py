@@ -2,8 +2,8 @@
 
 Every command has `--help`, fails with one line (`flywheel: error: ...`) and exit code 2 on bad
 input or an infrastructure failure, and logs progress on stderr. The commands themselves live
-by kind: `flows.launch` (run, serve, worker), `flows.inspection` (status, lineage, library,
-strategies, report), `flows.admin` (serving and the model) and `flows.export`.
+by kind: `cli.launch` (run, serve, worker), `cli.inspection` (status, lineage, library,
+strategies, report), `cli.admin` (serving and the model) and `cli.export`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
-from flows import admin, arguments, export, flags, inspection, launch
+from cli import admin, arguments, export, flags, inspection, launch
 from flows.errors import FlowError
 from memory.records import AdvantageMode
 

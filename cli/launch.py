@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows import flags
-from flows.arguments import db_url, keys, model_folder, writable
+from cli import flags
+from cli.arguments import db_url, keys, model_folder, writable
 from flows.errors import FlowError
 
 
@@ -128,7 +128,7 @@ def serve(args: argparse.Namespace) -> int:
     gateway = None
     if args.gateway_port is not None:
         command = [
-            sys.executable, "-m", "flows.cli", "gateway", "--upstream", args.server_url,
+            sys.executable, "-m", "cli", "gateway", "--upstream", args.server_url,
             "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
             "--port", str(args.gateway_port), "--taskset", settings.taskset,
             *(f"--upstream={url}" for url in settings.replicas),
@@ -203,8 +203,8 @@ def worker(args: argparse.Namespace) -> int:
     import anyio
 
     from agents.policy import Endpoint, PolicyClient
-    from flows import worker
     from memory.store import open_store
+    from workers import worker
 
     engine = open_store(db_url(args))
     settings = worker.WorkerSettings(
@@ -236,8 +236,8 @@ def preflight(db_url: str, server_url: str, model: str, wait_s: float = 10.0) ->
 
     import anyio
 
-    from flows.readiness import Readiness
     from memory.store import open_store
+    from workers.readiness import Readiness
 
     readiness = Readiness(open_store(db_url), server_url, outage_s=wait_s)
     anyio.run(partial(readiness.ensure, model, any_weights=True))
@@ -252,7 +252,7 @@ def _run_flow(settings: Any, server_url: str, served_name: str, model_path: Path
 
 
 def _report(summary: Any, path: Path | None) -> None:
-    from flows.summary import format_table
+    from reports.summary import format_table
 
     print(format_table(summary))
     if path is not None:

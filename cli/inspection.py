@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from flows.arguments import db_url, score, writable
-from flows.table import text_table
+from cli.arguments import db_url, writable
+from reports.table import score, text_table
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -72,20 +72,15 @@ def _failed_lines(failed: list[WorkItem]) -> list[str]:
 
 def _pools(port: int) -> None:
     """The work pools of the Prefect API in use (PREFECT_API_URL, else a local server)."""
-    import anyio
-
     from flows import orchestrator
 
     api = orchestrator.running(port)
     if api is None:
         print("work pools: no Prefect API (set PREFECT_API_URL, or run `flywheel serve`)")
         return
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from flows import pools
 
-    with temporary_settings({PREFECT_API_URL: api}):
-        views = anyio.run(pools.describe)
+    views = pools.describe_at(api)
     print(f"work pools at {api}: {len(views) or 'none'}")
     for view in views:
         runs = ", ".join(f"{n} {state}" for state, n in view.runs.items())
@@ -181,8 +176,8 @@ def strategies(args: argparse.Namespace) -> int:
 
 
 def report_html(args: argparse.Namespace) -> int:
-    from flows import report
     from memory import store
+    from reports import report
 
     out = args.out or args.workdir / "report.html"
     writable(out, "--out")

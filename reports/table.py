@@ -1,4 +1,5 @@
-"""Text tables for the terminal: one header, a rule, left-aligned columns two spaces apart."""
+"""Text tables for the terminal: one header, a rule, left-aligned columns two spaces apart; and
+how a score reads in them."""
 
 from __future__ import annotations
 
@@ -12,3 +13,8 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def score(value: float | None) -> str:
+    """A pass rate to three places, or "-" when there is none."""
+    return "-" if value is None else f"{value:.3f}"

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.arguments import db_url, writable
+from cli.arguments import db_url, writable
 from memory.folders import atomic_file
 
 if TYPE_CHECKING:

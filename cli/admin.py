@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from flows.arguments import db_url, keys, model_folder
+from cli.arguments import db_url, keys, model_folder
 from flows.errors import FlowError
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from agents import annealing
 from agents.context import Messages
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import Endpoint, PolicyClient
 from memory.records import Attempt, AttemptKind, SamplingSettings
 from verifiers.catalog import averify
 from verifiers.errors import TaskFault
@@ -46,10 +46,9 @@ BARE = Conditioning()
 
 
 async def attempt_task(
-    client: PolicyClient,
+    policy: Endpoint,
     task: Task,
     messages: Messages,
-    model: str,
     sampling: SamplingSettings,
     index: int,
     conditioning: Conditioning = BARE,
@@ -58,10 +57,10 @@ async def attempt_task(
     """Sample `messages` once and verify the answer; a refused call, or a verifier that raised or
     hung on the answer, is recorded on the attempt (`ServerUnavailable` propagates: it is no
     attempt's answer)."""
-    base = {"sample_index": index, "policy_version": model, "messages": messages}
+    base = {"sample_index": index, "policy_version": policy.model, "messages": messages}
     base |= conditioning.fields(kind)
     try:
-        sample = await annealing.sample(client, model, messages, sampling)
+        sample = await annealing.sample(policy.client, policy.model, messages, sampling)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
     try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import anyio
 
@@ -43,62 +44,64 @@ from verifiers.errors import TaskFault
 from verifiers.guard import applied
 from verifiers.task import Task
 
-__all__ = ["Failure", "collect_group", "collect_groups", "first_failure"]
+__all__ = ["Failure", "GroupSpec", "Hooks", "collect_group", "collect_groups", "first_failure"]
 
 log = logging.getLogger(__name__)
 
 Failure = ServerUnavailable | TaskFault  # why a group could not be collected
 
 
+@dataclass(frozen=True)
+class GroupSpec:
+    """What a batch's groups are: their round, their purpose, and how they are sampled."""
+
+    round_index: int
+    purpose: GroupPurpose
+    settings: CollectSettings
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Who hears of each group: `on_group` as soon as one is whole, `on_failure` with why one
+    could not be collected (without it, the failure cancels the batch)."""
+
+    on_group: Callable[[Group], None]
+    on_failure: Callable[[Task, Failure], None] | None = None
+
+
 async def collect_groups(
-    client: PolicyClient,
+    policy: Endpoint,
     tasks: Sequence[Task],
-    *,
-    model: str,
-    round_index: int,
-    purpose: GroupPurpose,
-    settings: CollectSettings,
+    spec: GroupSpec,
     limiter: anyio.CapacityLimiter,
-    on_group: Callable[[Group], None],
+    hooks: Hooks,
+    *,
     skip: Collection[str] = (),
     reviewer: Endpoint | None = None,
-    on_failure: Callable[[Task, Failure], None] | None = None,
 ) -> list[Group]:
     """Sample, verify and hand over one group per task not in `skip`; returns the new groups.
-
-    Reflections and judgements come from `reviewer`, by default the policy itself. A group that
-    could not be collected goes to `on_failure` with why (the server's failure or the task's);
-    without one, the failure cancels the batch.
-    """
+    Reflections and judgements come from `reviewer`, by default the policy itself."""
     todo = [task for task in tasks if task.task_id not in skip]
     groups: list[Group] = []
-    board = InsightBoard() if settings.insights else None
+    board = InsightBoard() if spec.settings.insights else None
 
     async def run_group(task: Task) -> None:
         try:
-            with applied(settings.guard):
+            with applied(spec.settings.guard):
                 group = await collect_group(
-                    client,
-                    task,
-                    model=model,
-                    round_index=round_index,
-                    purpose=purpose,
-                    settings=settings,
-                    limiter=limiter,
-                    board=board,
-                    reviewer=reviewer,
+                    policy, task, spec, limiter, board=board, reviewer=reviewer
                 )
             if group.fault is not None:
                 raise TaskFault(group.fault)
         except Exception as exc:  # noqa: BLE001 - one task's failure is that task's (docstring 2)
-            if on_failure is None:
+            if hooks.on_failure is None:
                 raise
-            on_failure(task, classify(task, exc))
+            hooks.on_failure(task, classify(task, exc))
             return
-        on_group(group)
+        hooks.on_group(group)
         groups.append(group)
         if len(groups) % max(1, len(todo) // 4) == 0 or len(groups) == len(todo):
-            log.info("%s: %d/%d groups collected", purpose, len(groups), len(todo))
+            log.info("%s: %d/%d groups collected", spec.purpose, len(groups), len(todo))
 
     async with anyio.create_task_group() as tg:
         for task in todo:
@@ -139,19 +142,16 @@ def first_failure(group: BaseExceptionGroup[ServerUnavailable]) -> ServerUnavail
 
 
 async def collect_group(
-    client: PolicyClient,
+    policy: Endpoint,
     task: Task,
-    *,
-    model: str,
-    round_index: int,
-    purpose: GroupPurpose,
-    settings: CollectSettings,
+    spec: GroupSpec,
     limiter: anyio.CapacityLimiter,
+    *,
     board: InsightBoard | None = None,
     reviewer: Endpoint | None = None,
 ) -> Group:
+    settings, (client, model) = spec.settings, (policy.client, policy.model)
     bare = bare_messages(task, settings.system(task))
-    policy = Endpoint(client, model)
     reviewer = reviewer or policy
     if board is None:
         size = settings.group_size
@@ -169,8 +169,8 @@ async def collect_group(
     if settings.revise and not is_episodic(task.taskset):
         attempts += await revise(policy, reviewer, task, bare, attempts, settings, limiter)
     return Group(
-        round_index=round_index,
-        purpose=purpose,
+        round_index=spec.round_index,
+        purpose=spec.purpose,
         task_id=task.task_id,
         taskset=task.taskset,
         question=task.question,

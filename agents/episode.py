@@ -35,7 +35,7 @@ import uuid
 from typing import Any
 
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import Endpoint, PolicyClient
 from memory.records import Attempt, Sample, SamplingSettings
 from verifiers import guard
 from verifiers.episode import Environment
@@ -93,7 +93,7 @@ async def run_episode(
         prompt = await client.tokenize(model, messages)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, messages=messages)
-    return await _play(client, env, model, sampling, base, prompt, messages, _Trace())
+    return await _play(Endpoint(client, model), env, sampling, base, prompt, messages, _Trace())
 
 
 async def retry_episode(
@@ -140,9 +140,8 @@ async def retry_episode(
         env = await guard.run(_label(fresh, "replay"), fresh.replay, actions)
     except TaskFault as fault:
         return Attempt.faulted(str(fault), **base, messages=guided)
-    retry = await _play(
-        client, env, parent.policy_version, sampling, base, prompt, [*guided, *replayed], trace
-    )
+    policy = Endpoint(client, parent.policy_version)
+    retry = await _play(policy, env, sampling, base, prompt, [*guided, *replayed], trace)
     return retry.model_copy(
         update={"improved": retry.error is None and retry.reward > parent.reward}
     )
@@ -191,9 +190,8 @@ def _turn(sampling: SamplingSettings, trace: _Trace) -> SamplingSettings:
 
 
 async def _play(
-    client: PolicyClient,
+    policy: Endpoint,
     env: Environment,
-    model: str,
     sampling: SamplingSettings,
     base: dict[str, Any],
     prompt: list[int],
@@ -201,21 +199,21 @@ async def _play(
     trace: _Trace,
 ) -> Attempt:
     try:
-        return await _played(client, env, model, sampling, base, prompt, messages, trace)
+        return await _played(policy, env, sampling, base, prompt, messages, trace)
     except TaskFault as fault:
         return Attempt.faulted(str(fault), **base, messages=messages)
 
 
 async def _played(
-    client: PolicyClient,
+    policy: Endpoint,
     env: Environment,
-    model: str,
     sampling: SamplingSettings,
     base: dict[str, Any],
     prompt: list[int],
     messages: list[dict[str, Any]],
     trace: _Trace,
 ) -> Attempt:
+    client, model = policy.client, policy.model
     reason = ""
     while len(trace.texts) < env.max_steps:
         try:

@@ -97,8 +97,7 @@ async def _sample(
         async with limiter:
             results.append(
                 await attempt_task(
-                    policy.client, task, messages, policy.model, sampling, index, conditioning,
-                    kind="nudge",
+                    policy, task, messages, sampling, index, conditioning, kind="nudge"
                 )
             )  # fmt: skip
 

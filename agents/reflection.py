@@ -251,10 +251,9 @@ async def hint_retry(
     """A one-step retry with the principle in the system prompt, paired with its parent."""
     assert parent.sample is not None
     retry = await attempt_task(
-        policy.client,
+        policy,
         task,
         hint_messages(task, system, reflection.principle),
-        policy.model,
         sampling,
         parent.sample_index,
         Conditioning(context="hint", guidance=reflection.principle),

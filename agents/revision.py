@@ -29,6 +29,7 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
 
 import anyio
 
@@ -109,11 +110,10 @@ async def revise(
     revisions: list[Attempt] = []
     slots = Slots(limiter, reviewer.client.url == policy.client.url)
 
+    case = _Case(task, bare, attempts, parent, messages, sampling)
+
     async def draw(index: int) -> None:
-        drawn = _revision(
-            policy, reviewer, task, bare, attempts, parent, messages, sampling, index, slots
-        )
-        revisions.append(await drawn)
+        revisions.append(await _revision(policy, reviewer, case, index, slots))
 
     async with anyio.create_task_group() as group:
         for index in range(settings.revisions):
@@ -133,11 +133,26 @@ class Slots:
         return self.policy if self._shared else nullcontext()
 
 
+@dataclass(frozen=True)
+class _Case:
+    """What every draw of one revision shares: the task, its bare prompt and the group's
+    attempts, the parent revised, and the reviewer's request."""
+
+    task: Task
+    bare: Messages
+    attempts: list[Attempt]
+    parent: Attempt
+    messages: Messages
+    sampling: SamplingSettings
+
+
 async def _revision(
-    policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
-    parent: Attempt, messages: Messages, sampling: SamplingSettings, index: int, slots: Slots,
-) -> Attempt:  # fmt: skip
-    """One draw of the reviewer's revision of `parent`, verified, in the policy's ids."""
+    policy: Endpoint, reviewer: Endpoint, case: _Case, index: int, slots: Slots
+) -> Attempt:
+    """One draw of the reviewer's revision of the case's parent, verified, in the policy's
+    ids."""
+    task, bare, attempts, parent = case.task, case.bare, case.attempts, case.parent
+    messages, sampling = case.messages, case.sampling
     record = {
         "sample_index": index,
         "kind": "revision",

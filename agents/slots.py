@@ -25,9 +25,9 @@ from agents.context import (
 )
 from agents.episode import run_episode
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
-from agents.strategy import reflection_note, strategy_attempt
+from agents.strategy import Prompt, reflection_note, strategy_attempt
 from memory.records import Attempt, SamplingSettings
 from verifiers.catalog import astart, is_episodic, worked_example
 from verifiers.errors import TaskFault
@@ -87,17 +87,19 @@ async def first_attempt(
         return await run_episode(client, env, model, sampling, index)
     messages, held = conditioning(task, settings, index, insights, earlier)
     if settings.strategy is None:
-        return await attempt_task(client, task, messages, model, sampling, index, held)
+        return await attempt_task(Endpoint(client, model), task, messages, sampling, index, held)
     try:
         prompt_ids = await client.tokenize(model, messages)
     except PolicyError as exc:
         base = {"sample_index": index, "policy_version": model, "messages": messages}
         return Attempt.failed(str(exc), **base, **held.fields(), sampling=sampling)
-    temperature = settings.strategy.temperature(index, settings.group_size)
-    return await strategy_attempt(
-        client, task, model, messages, prompt_ids, index, temperature, settings.strategy,
-        settings.max_tokens, held,
-    )  # fmt: skip
+    sampling = SamplingSettings(
+        temperature=settings.strategy.action_temperature,
+        max_tokens=settings.max_tokens,
+        strategy_temperature=settings.strategy.temperature(index, settings.group_size),
+    )
+    policy, prompt = Endpoint(client, model), Prompt(messages, prompt_ids)
+    return await strategy_attempt(policy, task, prompt, index, sampling, settings.strategy, held)
 
 
 async def wave(

@@ -19,12 +19,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.attempt import Conditioning
 from agents.context import Messages
 from agents.errors import PolicyError
-from agents.policy import PolicyClient
+from agents.policy import Endpoint
 from memory.records import Attempt, Sample, SamplingSettings
 from verifiers.catalog import averify, runs_code
 from verifiers.task import Task
@@ -61,30 +63,32 @@ def reflection_note(earlier: list[Attempt]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt as messages, and the server's ids of them with the generation prompt."""
+
+    messages: Messages
+    ids: list[int]
+
+
 async def strategy_attempt(
-    client: PolicyClient,
+    policy: Endpoint,
     task: Task,
-    model: str,
-    messages: Messages,
-    prompt_ids: list[int],
+    prompt: Prompt,
     index: int,
-    temperature: float,
+    sampling: SamplingSettings,
     settings: StrategySettings,
-    max_tokens: int,
     conditioning: Conditioning,
 ) -> Attempt:
-    """One SGE attempt: strategy call, then answer call; failures are recorded, never raised.
-
-    `prompt_ids` are the server's ids of `messages` with the generation prompt.
-    """
-    sampling = SamplingSettings(
-        temperature=settings.action_temperature,
-        max_tokens=max_tokens,
-        strategy_temperature=temperature,
-    )
+    """One SGE attempt: strategy call at `sampling.strategy_temperature`, then answer call at
+    `sampling`'s own; failures are recorded, never raised."""
+    client, model, messages, prompt_ids = policy.client, policy.model, prompt.messages, prompt.ids
+    assert sampling.strategy_temperature is not None
     base = {"sample_index": index, "policy_version": model, "messages": messages}
     base |= conditioning.fields()
-    strategy_sampling = SamplingSettings(temperature=temperature, max_tokens=settings.max_tokens)
+    strategy_sampling = SamplingSettings(
+        temperature=sampling.strategy_temperature, max_tokens=settings.max_tokens
+    )
     try:
         strategy = await client.continue_turn(model, messages, PREFIX, strategy_sampling, ["\n"])
         cue = await client.tokenize_text(model, ANSWER_CUE)

@@ -105,9 +105,9 @@ class Scene:
 
     async def _work(self, settings: worker.WorkerSettings) -> None:
         await worker.work(
-            self.engine, self.url, owner=worker.new_owner(), settings=settings,
-            until=lambda: worker.batch_done(self.engine, self.batch), batch=self.batch,
-            on_stored=lambda group: self.stored_at.append(time.monotonic()),
+            self.engine, self.url, worker.new_owner(), settings,
+            worker.Shift(lambda: worker.batch_done(self.engine, self.batch), self.batch,
+                         lambda group: self.stored_at.append(time.monotonic())),
         )  # fmt: skip
 
     def wait_stored(self, count: int, timeout_s: float = 300.0) -> None:

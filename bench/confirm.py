@@ -133,8 +133,8 @@ def evaluate(folder: Path, tasks: list[Task], port: int) -> dict[str, bool]:
                 batch, tasks, lambda t: worker.Plan(task=t, sampling=sampling)
             ))  # fmt: skip
         anyio.run(lambda: worker.work(
-            engine, server.url, owner="confirm", settings=worker.WorkerSettings(),
-            until=lambda: worker.batch_done(engine, batch), batch=batch,
+            engine, server.url, "confirm", worker.WorkerSettings(),
+            worker.Shift(lambda: worker.batch_done(engine, batch), batch),
         ))  # fmt: skip
         with store.transaction(engine) as session:
             groups = store.load_groups(session, "eval", 0, folder.name)

@@ -41,7 +41,7 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agents.collector import collect_group  # noqa: E402
+from agents.collector import GroupSpec, collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
@@ -160,16 +160,9 @@ async def run_method(
     async def explore(task: Task) -> None:
         while spent[task.task_id] < args.budget:
             group = await collect_group(
-                client,
-                task,
-                model=model,
-                round_index=0,
-                purpose="train",
-                settings=settings,
-                limiter=limiter,
-                board=board,
-                reviewer=reviewer,
-            )
+                Endpoint(client, model), task, GroupSpec(0, "train", settings), limiter,
+                board=board, reviewer=reviewer,
+            )  # fmt: skip
             groups[task.task_id].append(group)
             used = sum(a.generated_tokens for a in group.attempts if a.policy_version == model)
             spent[task.task_id] += max(used, 1)

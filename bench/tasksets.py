@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from smollm2_server import smollm2_server  # noqa: E402
 
-from agents.collector import collect_group  # noqa: E402
-from agents.policy import PolicyClient  # noqa: E402
+from agents.collector import GroupSpec, collect_group  # noqa: E402
+from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from memory.records import Group  # noqa: E402
 from verifiers.catalog import eval_tasks, names  # noqa: E402
@@ -96,8 +96,7 @@ async def _collect(
     async def one(task: Any) -> None:
         groups.append(
             await collect_group(
-                client, task, model=model, round_index=0, purpose="eval",
-                settings=settings, limiter=limiter,
+                Endpoint(client, model), task, GroupSpec(0, "eval", settings), limiter
             )
         )  # fmt: skip
 

@@ -136,13 +136,11 @@ def serve(args: argparse.Namespace) -> int:
         if settings.source != "generated":  # rounds train on its traffic: record it
             command.append("--capture")
         gateway = subprocess.Popen(command)
-    from flows.flywheel import serve_rounds
+    from flows.flywheel import Cadence, serve_rounds
 
+    cadence = Cadence(args.every, args.train_every, args.min_groups or settings.tasks)
     try:
-        serve_rounds(
-            settings, args.server_url, model_path.name, str(model_path),
-            args.every, args.train_every, args.min_groups or settings.tasks,
-        )  # fmt: skip
+        serve_rounds(settings, args.server_url, model_path.name, str(model_path), cadence)
     finally:
         if gateway is not None:
             gateway.terminate()
@@ -162,10 +160,12 @@ def deploy(args: argparse.Namespace) -> int:
     for pool in dict.fromkeys((pools.collect, pools.train)):
         created = anyio.run(prefect_pools.ensure_pool, pool)
         print(f"work pool {pool}: {'created (process)' if created else 'exists'}")
+    from flows.flywheel import Cadence
+
+    cadence = Cadence(args.every, args.train_every, args.min_groups or settings.tasks)
     deployed = prefect_pools.deploy(
-        settings, args.server_url, model_path.name, str(model_path), pools,
-        args.every, args.train_every, args.min_groups or settings.tasks,
-    )  # fmt: skip
+        settings, args.server_url, model_path.name, str(model_path), pools, cadence
+    )
     for name, pool in deployed.items():
         print(f"deployment {name} on pool {pool}")
     print(
@@ -221,7 +221,7 @@ def worker(args: argparse.Namespace) -> int:
     print(f"worker {owner}: collecting from {args.server_url}; Ctrl-C stops it", file=sys.stderr)
     stored = anyio.run(
         lambda: worker.work(
-            engine, args.server_url, owner=owner, settings=settings, until=idle.expired,
+            engine, args.server_url, owner, settings, worker.Shift(idle.expired),
             reviewer=reviewer,
         )
     )  # fmt: skip

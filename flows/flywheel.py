@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -172,18 +173,22 @@ def _here(settings: RunSettings, server_url: str) -> tuple[RunSettings, str]:
     return settings.model_copy(update={"db_url": db_url}), server_url
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """How the continuous loop turns: a fresh batch collected every `every_s`, and a check every
+    `train_every_s` that trains once the next round has `min_groups` complete groups."""
+
+    every_s: float
+    train_every_s: float
+    min_groups: int
+
+
 def serve_rounds(
-    settings: RunSettings,
-    server_url: str,
-    base_name: str,
-    base_model_path: str,
-    every_s: float,
-    train_every_s: float,
-    min_groups: int,
+    settings: RunSettings, server_url: str, base_name: str, base_model_path: str, cadence: Cadence
 ) -> None:
-    """The continuous loop as two deployments, run one at a time until stopped: collection of
-    a fresh batch every `every_s`, and a check every `train_every_s` that trains, swaps,
-    evaluates and promotes once the next round has `min_groups` complete groups."""
+    """The continuous loop as two deployments, run one at a time until stopped, at `cadence`:
+    collection of a fresh batch, and a check that trains, swaps, evaluates and promotes."""
+    every_s, train_every_s, min_groups = cadence.every_s, cadence.train_every_s, cadence.min_groups
     parameters = {
         "settings": settings.model_dump(mode="json"),
         "server_url": server_url,

@@ -47,7 +47,7 @@ from prefect.types.entrypoint import EntrypointType
 from prefect.workers.process import ProcessWorker
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.flywheel import DRAIN, as_deployment, collect_batch, train_when_ready
+from flows.flywheel import DRAIN, Cadence, as_deployment, collect_batch, train_when_ready
 from flows.settings import RunSettings
 from memory.store import open_store
 from workers import worker
@@ -71,9 +71,7 @@ async def drain(
     db_url: str,
     server_url: str,
     idle_s: float = 30.0,
-    lease_s: float = 120.0,
-    lot_size: int = 16,
-    concurrency: int = 64,
+    settings: worker.WorkerSettings | None = None,
     reviewer_url: str | None = None,
     reviewer_model: str | None = None,
 ) -> int:
@@ -87,11 +85,11 @@ async def drain(
     if reviewer_url and reviewer_model:
         reviewer = Endpoint(PolicyClient(reviewer_url), reviewer_model)
     owner = worker.new_owner()
-    settings = worker.WorkerSettings(lease_s=lease_s, lot_size=lot_size, concurrency=concurrency)
+    settings = settings or worker.WorkerSettings()
     try:
         stored = await worker.work(
-            engine, server_url, owner=owner, settings=settings,
-            until=worker.IdleClock(engine, idle_s).expired, reviewer=reviewer,
+            engine, server_url, owner, settings,
+            worker.Shift(worker.IdleClock(engine, idle_s).expired), reviewer=reviewer,
         )  # fmt: skip
     finally:
         if reviewer is not None:
@@ -120,11 +118,10 @@ def deploy(
     base_name: str,
     base_model_path: str,
     pools: PoolSettings,
-    every_s: float,
-    train_every_s: float,
-    min_groups: int,
+    cadence: Cadence,
 ) -> dict[str, str]:
     """Register the three deployments on their pools; returns each one's pool by its name."""
+    every_s, train_every_s, min_groups = cadence.every_s, cadence.train_every_s, cadence.min_groups
     parameters: dict[str, Any] = {
         "settings": settings.model_dump(mode="json"),
         "server_url": server_url,
@@ -135,9 +132,9 @@ def deploy(
         "db_url": settings.db_url,
         "server_url": server_url,
         "idle_s": pools.idle_s,
-        "lease_s": pools.lease_s,
-        "lot_size": pools.lot_size,
-        "concurrency": settings.concurrency,
+        "settings": worker.WorkerSettings(
+            lease_s=pools.lease_s, lot_size=pools.lot_size, concurrency=settings.concurrency
+        ).model_dump(mode="json"),
         "reviewer_url": settings.reviewer_url,
         "reviewer_model": settings.reviewer_model,
     }

@@ -97,14 +97,10 @@ async def collect(
         await worker.work(
             db,
             server_url,
-            owner=worker.new_owner(),
-            settings=worker.WorkerSettings(
-                concurrency=settings.concurrency, outage_s=settings.outage_s
-            ),
-            until=lambda: worker.batch_done(db, batch),
-            batch=batch,
+            worker.new_owner(),
+            worker.WorkerSettings(concurrency=settings.concurrency, outage_s=settings.outage_s),
+            worker.Shift(lambda: worker.batch_done(db, batch), batch, lambda g: bar.update(1)),
             reviewer=reviewer,
-            on_stored=lambda group: bar.update(1),
         )
     finally:
         bar.close()

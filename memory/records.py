@@ -324,6 +324,18 @@ class WorkItem(Record):
     abandoned: int = 0
 
 
+class Setback(Record):
+    """Why a worker gives an item back, and what follows: `error` and whose `fault` it was;
+    `counted` failures add up to `max_failures`, after which the item is failed; otherwise it
+    waits `retry_after_s` before anyone claims it again."""
+
+    error: str
+    fault: Fault
+    counted: bool
+    retry_after_s: float = Field(ge=0)
+    max_failures: int = Field(ge=1)
+
+
 LessonKind = Literal["strategy", "principle", "insight", "warning", "hint"]
 Scope = Literal["task", "task_type", "global"]
 Zone = Literal["do", "avoid"]

@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 
 from memory.database import insert_for, transaction
 from memory.models import WorkItemRow
-from memory.records import Fault, GroupPurpose, WorkItem, WorkState
+from memory.records import GroupPurpose, Setback, WorkItem, WorkState
 
 MAX_ABANDONED = 3  # claims an item may outlive its worker before it fails as the task's fault
 
@@ -141,31 +141,21 @@ def complete(session: Session, item_id: int) -> bool:
 
 
 def give_back(
-    session: Session,
-    item_id: int,
-    owner: str,
-    error: str,
-    *,
-    fault: Fault,
-    counted: bool,
-    retry_after_s: float,
-    max_failures: int,
-    now: float | None = None,
+    session: Session, item_id: int, owner: str, setback: Setback, now: float | None = None
 ) -> WorkState | None:
-    """Return an item `owner` could not collect, saying whose `fault` it was; its new state
-    (None if `owner` no longer held it). `counted` failures add up to `max_failures`, after
-    which the item is `failed`."""
+    """Return an item `owner` could not collect, with why (`Setback`); its new state (None if
+    `owner` no longer held it)."""
     now = time.time() if now is None else now
     row = session.get(WorkItemRow, item_id, with_for_update=True)
     if row is None or row.state != "claimed" or row.owner != owner:
         return None
-    row.failures += int(counted)
-    row.error, row.fault = error[:2000], fault
+    row.failures += int(setback.counted)
+    row.error, row.fault = setback.error[:2000], setback.fault
     row.owner, row.lease_expires_at = None, None
-    if row.failures >= max_failures:
+    if row.failures >= setback.max_failures:
         row.state, row.not_before = "failed", None
     else:
-        row.state, row.not_before = "queued", now + retry_after_s
+        row.state, row.not_before = "queued", now + setback.retry_after_s
     session.flush()
     return row.state  # type: ignore[return-value]
 

@@ -13,8 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import collect_groups
-from agents.policy import PolicyClient
+from agents.collector import GroupSpec, Hooks, collect_groups
+from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from cli.main import main
 from memory import folders, store
@@ -34,14 +34,11 @@ def collect(url: str, model: str, n_tasks: int, group_size: int) -> list:
         client = PolicyClient(url)
         try:
             return await collect_groups(
-                client,
+                Endpoint(client, model),
                 eval_tasks("arithmetic", n_tasks),
-                model=model,
-                round_index=1,
-                purpose="train",
-                settings=CollectSettings(group_size=group_size, max_tokens=16),
-                limiter=anyio.CapacityLimiter(16),
-                on_group=lambda g: None,
+                GroupSpec(1, "train", CollectSettings(group_size=group_size, max_tokens=16)),
+                anyio.CapacityLimiter(16),
+                Hooks(lambda g: None),
             )
         finally:
             await client.aclose()

@@ -8,7 +8,7 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import collect_groups
+from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.errors import ServerUnavailable
 from agents.policy import Endpoint
 from agents.reflection import Reflection, parse_reflection, review_messages
@@ -42,14 +42,11 @@ def collect_task(
 
     async def main():
         return await collect_groups(
-            client_for(handler),
+            Endpoint(client_for(handler), "m"),
             [task],
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=settings,
-            limiter=anyio.CapacityLimiter(2),
-            on_group=lambda g: None,
+            GroupSpec(1, "train", settings),
+            anyio.CapacityLimiter(2),
+            Hooks(lambda g: None),
             reviewer=reviewer,
         )
 

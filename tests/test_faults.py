@@ -13,10 +13,11 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import Failure, collect_groups
+from agents.collector import Failure, GroupSpec, Hooks, collect_groups
+from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from memory import store, workqueue
-from memory.records import Group, WorkItem
+from memory.records import Group, Setback, WorkItem
 from tests import faulty
 from tests.test_policy import client_for, completion
 from verifiers import catalog, guard
@@ -103,9 +104,8 @@ def collect(tasks: list[Task], settings: CollectSettings) -> tuple[list[Group], 
 
     async def main() -> list[Group]:
         return await collect_groups(
-            client_for(handler), tasks, model="m", round_index=1, purpose="train",
-            settings=settings, limiter=anyio.CapacityLimiter(8), on_group=lambda g: None,
-            on_failure=on_failure,
+            Endpoint(client_for(handler), "m"), tasks, GroupSpec(1, "train", settings),
+            anyio.CapacityLimiter(8), Hooks(lambda g: None, on_failure),
         )  # fmt: skip
 
     return anyio.run(main), failures
@@ -143,10 +143,9 @@ def test_a_task_fault_always_counts_and_fails_the_item_with_whose_it_was(tmp_pat
         with workqueue.claiming(engine) as session:
             [claimed] = workqueue.claim(session, "w", 1, 60, batch, now=1000.0 + attempt)
         with store.transaction(engine) as session:
-            state = workqueue.give_back(
-                session, claimed.id, "w", "verify raised ValueError", fault="task", counted=True,
-                retry_after_s=0, max_failures=3, now=1000.0 + attempt,
-            )  # fmt: skip
+            setback = Setback(error="verify raised ValueError", fault="task", counted=True,
+                              retry_after_s=0, max_failures=3)  # fmt: skip
+            state = workqueue.give_back(session, claimed.id, "w", setback, now=1000.0 + attempt)
     assert state == "failed"
     with store.transaction(engine) as session:
         [failed] = workqueue.failed(session)

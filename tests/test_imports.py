@@ -62,3 +62,30 @@ def _all_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+PACKAGES = [*ALLOWED, "bench"]
+
+
+def test_no_function_takes_more_than_seven_parameters() -> None:
+    """Longer lists become records (an endpoint, a group spec, a shift)."""
+    long = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    arguments = node.args
+                    names = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+                    count = len(names) + bool(arguments.vararg) + bool(arguments.kwarg)
+                    count -= bool(names) and names[0].arg in ("self", "cls")
+                    if count > 7:
+                        long.append(f"{path.relative_to(ROOT)}:{node.name} takes {count}")
+    assert long == []
+
+
+def test_nothing_imports_cli_or_bench() -> None:
+    for package in set(ALLOWED) - {"cli"}:
+        for path in (ROOT / package).rglob("*.py"):
+            assert not imported_packages(path) & {"cli", "bench"}, path

@@ -6,9 +6,9 @@ import anyio
 import httpx
 import pytest
 
-from agents.collector import collect_groups
+from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.errors import PolicyError, ServerBusy, ServerUnavailable
-from agents.policy import PolicyClient
+from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory.records import SamplingSettings
@@ -225,15 +225,11 @@ def test_a_group_the_server_cannot_finish_is_given_up_not_stored() -> None:
 
     async def main():
         return await collect_groups(
-            client_for(handler),
+            Endpoint(client_for(handler), "m"),
             tasks,
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=CollectSettings(group_size=2),
-            limiter=anyio.CapacityLimiter(1),
-            on_group=stored.append,
-            on_failure=lambda task, exc: failed.append((task.task_id, str(exc))),
+            GroupSpec(1, "train", CollectSettings(group_size=2)),
+            anyio.CapacityLimiter(1),
+            Hooks(stored.append, lambda task, exc: failed.append((task.task_id, str(exc)))),
         )
 
     groups = anyio.run(main)
@@ -252,14 +248,11 @@ def test_without_a_failure_handler_an_unavailable_server_stops_the_batch() -> No
 
     async def main():
         await collect_groups(
-            client_for(handler),
+            Endpoint(client_for(handler), "m"),
             eval_tasks("arithmetic", 2),
-            model="m",
-            round_index=1,
-            purpose="train",
-            settings=CollectSettings(group_size=2),
-            limiter=anyio.CapacityLimiter(4),
-            on_group=lambda group: pytest.fail("nothing may be stored"),
+            GroupSpec(1, "train", CollectSettings(group_size=2)),
+            anyio.CapacityLimiter(4),
+            Hooks(lambda group: pytest.fail("nothing may be stored")),
         )
 
     with pytest.raises(BaseExceptionGroup) as caught:
@@ -275,14 +268,11 @@ def test_stored_tasks_are_skipped() -> None:
 
     async def main():
         return await collect_groups(
-            client_for(handler),
+            Endpoint(client_for(handler), "m"),
             tasks,
-            model="m",
-            round_index=1,
-            purpose="eval",
-            settings=CollectSettings(group_size=1),
-            limiter=anyio.CapacityLimiter(4),
-            on_group=lambda g: None,
+            GroupSpec(1, "eval", CollectSettings(group_size=1)),
+            anyio.CapacityLimiter(4),
+            Hooks(lambda g: None),
             skip={tasks[0].task_id},
         )
 

@@ -158,8 +158,8 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
     assert anyio.run(pools.ensure_pool, "collect") is False  # exists: kept
     pools.drain.to_deployment(
         name="drain", entrypoint_type=pools.EntrypointType.MODULE_PATH,
-        parameters={"db_url": pg_url, "server_url": tiny_server, "idle_s": 40, "lease_s": 4,
-                    "lot_size": 2},
+        parameters={"db_url": pg_url, "server_url": tiny_server, "idle_s": 40,
+                    "settings": {"lease_s": 4, "lot_size": 2}},
     ).apply(work_pool_name="collect")  # fmt: skip
     workers = [start_worker(prefect_api, "collect", f"w{i}", tmp_path) for i in range(2)]
     try:

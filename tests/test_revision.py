@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from agents.collector import collect_groups
+from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.context import bare_messages
 from agents.policy import Endpoint, PolicyClient
 from agents.revision import as_policy_sample
@@ -311,9 +311,8 @@ def most_in_flight(own_reviewer: bool) -> dict[str, int]:
     async def main() -> None:
         joined.update(policy=anyio.Event(), reviewer=anyio.Event())
         await collect_groups(
-            policy_client, tasks, model="m", round_index=1, purpose="train",
-            settings=settings, limiter=anyio.CapacityLimiter(1), on_group=lambda g: None,
-            reviewer=own,
+            Endpoint(policy_client, "m"), tasks, GroupSpec(1, "train", settings),
+            anyio.CapacityLimiter(1), Hooks(lambda g: None), reviewer=own,
         )  # fmt: skip
 
     anyio.run(main)

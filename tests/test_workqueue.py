@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from memory import workqueue
 from memory.models import WorkItemRow
-from memory.records import WorkItem
+from memory.records import Setback, WorkItem
 from memory.store import open_store, transaction
 
 BATCH = (1, "train", "policy-r0")
@@ -155,10 +155,9 @@ def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
 
     def give_back(item: WorkItem, counted: bool, now: float) -> str | None:
         with transaction(engine) as session:
-            return workqueue.give_back(
-                session, item.id, "w1", f"down at {now}", fault="server", counted=counted,
-                retry_after_s=10, max_failures=2, now=now,
-            )  # fmt: skip
+            setback = Setback(error=f"down at {now}", fault="server", counted=counted,
+                              retry_after_s=10, max_failures=2)  # fmt: skip
+            return workqueue.give_back(session, item.id, "w1", setback, now=now)
 
     [item] = claim_at(1000.0)
     assert give_back(item, counted=False, now=1000.0) == "queued"  # an outage: not counted
@@ -178,11 +177,9 @@ def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
                 session,
                 item.id,
                 "w1",
-                "late",
-                fault="server",
-                counted=True,
-                retry_after_s=0,
-                max_failures=2,
+                Setback(
+                    error="late", fault="server", counted=True, retry_after_s=0, max_failures=2
+                ),
             )
             is None
         )
@@ -205,7 +202,7 @@ def test_a_worker_whose_server_stays_down_stops_and_gives_everything_back(tmp_pa
 
     async def run() -> int:
         return await worker.work(
-            engine, "http://127.0.0.1:9", owner="w1", settings=settings, until=lambda: False
+            engine, "http://127.0.0.1:9", "w1", settings, worker.Shift(lambda: False)
         )
 
     with pytest.raises(ServerUnavailable, match=r"127.0.0.1:9 does not generate with policy-r0"):
@@ -258,7 +255,7 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
 
     async def run() -> int:
         return await worker.work(
-            engine, "http://127.0.0.1:9", owner="w1", settings=settings, until=lambda: False
+            engine, "http://127.0.0.1:9", "w1", settings, worker.Shift(lambda: False)
         )
 
     with pytest.raises(ExceptionGroup) as failure:
@@ -364,13 +361,13 @@ def test_a_lot_is_claimed_while_earlier_lots_wait_on_their_slowest_groups(
 
     fast_ones: dict[str, anyio.Event] = {}
 
-    async def collect_groups(client, tasks, *, on_group, **kwargs) -> None:
+    async def collect_groups(policy, tasks, spec, limiter, hooks, **kwargs) -> None:
         fast_stored = fast_ones.setdefault("stored", anyio.Event())
 
         async def one(task) -> None:
             if task.task_id in slow:
                 await fast_stored.wait()  # the slow ones end once the third lot is stored
-            on_group(types.SimpleNamespace(task_id=task.task_id))
+            hooks.on_group(types.SimpleNamespace(task_id=task.task_id))
             if len(stored) == 4:
                 fast_stored.set()
 
@@ -389,9 +386,8 @@ def test_a_lot_is_claimed_while_earlier_lots_wait_on_their_slowest_groups(
     async def run() -> int:
         with anyio.fail_after(10):  # claimed only when a whole lot ended, it would never end
             return await worker.work(
-                engine, "http://127.0.0.1:9", owner="w1", settings=settings,
-                until=lambda: len(stored) == 6, batch=BATCH,
-                on_stored=lambda group: stored.append(group.task_id),
+                engine, "http://127.0.0.1:9", "w1", settings,
+                worker.Shift(lambda: len(stored) == 6, BATCH, lambda g: stored.append(g.task_id)),
             )  # fmt: skip
 
     assert anyio.run(run) == 6

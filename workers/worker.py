@@ -35,6 +35,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from itertools import groupby
 
 import anyio
@@ -42,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
 from agents import outcome
-from agents.collector import Failure, collect_groups, first_failure
+from agents.collector import Failure, GroupSpec, Hooks, collect_groups, first_failure
 from agents.errors import ServerBusy, ServerUnavailable
 from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
@@ -50,7 +51,7 @@ from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory import library, store, workqueue
 from memory.library import LibrarySettings
-from memory.records import Group, GroupPurpose, WorkItem
+from memory.records import Group, GroupPurpose, Setback, WorkItem
 from verifiers.task import Task
 from workers.readiness import Readiness
 
@@ -165,24 +166,46 @@ def batch_done(engine: Engine, batch: Batch) -> bool:
     return counts["queued"] == 0 and counts["claimed"] == 0
 
 
+@dataclass(frozen=True)
+class Shift:
+    """What a worker works on, and for how long: claims of `batch` only (any batch, if None),
+    until `until()` is true; `on_stored` hears of every group it stores."""
+
+    until: Callable[[], bool]
+    batch: Batch | None = None
+    on_stored: Callable[[Group], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Crew:
+    """What every lot of one worker shares."""
+
+    engine: Engine
+    client: PolicyClient
+    owner: str
+    settings: WorkerSettings
+    limiter: anyio.CapacityLimiter
+    readiness: Readiness
+    reviewer: Endpoint | None
+
+
 async def work(
     engine: Engine,
     server_url: str,
-    *,
     owner: str,
     settings: WorkerSettings,
-    until: Callable[[], bool],
-    batch: Batch | None = None,
+    shift: Shift,
     reviewer: Endpoint | None = None,
-    on_stored: Callable[[Group], None] | None = None,
 ) -> int:
-    """Claim and collect lots (of `batch` only, if given) until `until()`; returns the number
-    of groups this worker stored. `lots_in_flight` lots' worth of tasks are open at once, and
-    a lot is claimed as soon as there is room for it, not when a whole lot ends, so the server
-    stays busy while a lot waits on its slowest groups (a reviewer's revision, a retry)."""
+    """Claim and collect lots for the `shift`; returns the number of groups this worker
+    stored. `lots_in_flight` lots' worth of tasks are open at once, and a lot is claimed as
+    soon as there is room for it, not when a whole lot ends, so the server stays busy while a
+    lot waits on its slowest groups (a reviewer's revision, a retry)."""
     client = PolicyClient(server_url, watchdog=settings.watchdog)
-    limiter = anyio.CapacityLimiter(settings.concurrency)
     readiness = Readiness(engine, server_url, settings.outage_s)
+    crew = _Crew(engine, client, owner, settings, anyio.CapacityLimiter(settings.concurrency),
+                 readiness, reviewer)  # fmt: skip
+    until, batch, on_stored = shift.until, shift.batch, shift.on_stored
     stored, open_items = 0, 0  # items claimed, neither stored nor given back yet
     room = settings.lot_size * settings.lots_in_flight
 
@@ -199,9 +222,7 @@ async def work(
         try:
             for version in sorted({item.policy_version for item in lot}):
                 await readiness.ensure(version)
-            count = await _collect_lot(
-                engine, client, lot, owner, settings, limiter, reviewer, finished, readiness
-            )
+            count = await _collect_lot(crew, lot, finished)
             stored += count  # not `stored += await`: that reads `stored` before lots overlap
         finally:
             open_items -= left
@@ -233,20 +254,11 @@ async def work(
     return stored
 
 
-async def _collect_lot(
-    engine: Engine,
-    client: PolicyClient,
-    lot: list[WorkItem],
-    owner: str,
-    settings: WorkerSettings,
-    limiter: anyio.CapacityLimiter,
-    reviewer: Endpoint | None,
-    on_stored: Callable[[Group], None] | None,
-    readiness: Readiness,
-) -> int:
+async def _collect_lot(crew: _Crew, lot: list[WorkItem], on_stored: Callable[[Group], None]) -> int:
     """Collect a lot, renewing its leases meanwhile; items of one batch and plan settings are
-    collected together (so they share an insight board). Items whose group failed for want of
-    a server go back to the queue."""
+    collected together (so they share an insight board). Items whose group failed go back to
+    the queue."""
+    engine, settings, limiter, readiness = crew.engine, crew.settings, crew.limiter, crew.readiness
     stored = 0
     failures: dict[int, Failure] = {}
 
@@ -261,31 +273,29 @@ async def _collect_lot(
                 limiter.total_tokens += 1  # the load eased off after a passed deadline grows back
             item, plan = plans[group.task_id]
             stored += _store_group(engine, group, item, plan)
-            if on_stored is not None:
-                on_stored(group)
+            on_stored(group)
+
+        def on_failure(task: Task, failure: Failure) -> None:
+            failures[plans[task.task_id][0].id or 0] = failure
 
         await collect_groups(
-            client,
+            Endpoint(crew.client, readiness.served_as(first.policy_version)),
             [plan.task for _, plan in plans.values()],
-            model=readiness.served_as(first.policy_version),
-            round_index=first.round_index,
-            purpose=first.purpose,
-            settings=first_plan.sampling,
-            limiter=limiter,
-            on_group=on_group,
-            reviewer=reviewer,
-            on_failure=lambda task, exc: failures.update({plans[task.task_id][0].id or 0: exc}),
+            GroupSpec(first.round_index, first.purpose, first_plan.sampling),
+            limiter,
+            Hooks(on_group, on_failure),
+            reviewer=crew.reviewer,
         )
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_keep_leases, engine, owner, [item.id for item in lot], settings)
+        tg.start_soon(_keep_leases, engine, crew.owner, [item.id for item in lot], settings)
         async with anyio.create_task_group() as collecting:
             for _, share in groupby(sorted(lot, key=_share_key), key=_share_key):
                 collecting.start_soon(collect_share, list(share))
         tg.cancel_scope.cancel()
     if failures:
         _ease_off(limiter, failures.values())
-        await _give_back(engine, lot, failures, owner, settings, readiness)
+        await _give_back(crew, lot, failures)
     return stored
 
 
@@ -305,16 +315,10 @@ def _ease_off(limiter: anyio.CapacityLimiter, failures: Iterable[Failure]) -> No
         limiter.total_tokens = eased
 
 
-async def _give_back(
-    engine: Engine,
-    lot: list[WorkItem],
-    failures: dict[int, Failure],
-    owner: str,
-    settings: WorkerSettings,
-    readiness: Readiness,
-) -> None:
+async def _give_back(crew: _Crew, lot: list[WorkItem], failures: dict[int, Failure]) -> None:
     """Put failed items back. The task's own failures always count; for the server's, one
     probe per version says whether they count."""
+    engine, owner, settings, readiness = crew.engine, crew.owner, crew.settings, crew.readiness
     items = {item.id: item for item in lot if item.id in failures}
     server = {i for i, failure in failures.items() if isinstance(failure, ServerUnavailable)}
     versions = {item.policy_version for i, item in items.items() if i in server}
@@ -326,12 +330,12 @@ async def _give_back(
             counted = item_id not in server or (
                 up[item.policy_version] and not isinstance(failure, ServerBusy)
             )
-            state = workqueue.give_back(
-                session, item_id, owner, str(failure),
-                fault="server" if item_id in server else "task", counted=counted,
-                retry_after_s=settings.backoff(item.failures + int(counted)),
+            setback = Setback(
+                error=str(failure), fault="server" if item_id in server else "task",
+                counted=counted, retry_after_s=settings.backoff(item.failures + int(counted)),
                 max_failures=settings.max_failures,
             )  # fmt: skip
+            state = workqueue.give_back(session, item_id, owner, setback)
             log.warning(
                 "%s: %s (%s)", item.task_id, failures[item_id],
                 "failed for good" if state == "failed" else "given back",

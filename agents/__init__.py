@@ -2,11 +2,15 @@
 
 Public surface:
 - `agents.policy`: `PolicyClient` (token ids and logprobs, retries, the watchdog), `Endpoint`.
-- `agents.collector`: `collect_groups`, `collect_group`, `first_failure`.
+- `agents.collector`: `collect_groups`, `collect_group` (a `GroupSpec`, `Hooks`), `first_failure`.
 - `agents.settings.CollectSettings`: how a batch is sampled.
-- The methods, a module each: `agents.slots` (guided slots and their `Conditioning`),
-  `agents.strategy` (SGE), `agents.reflection` (R3L), `agents.insight` (RLTLDR),
-  `agents.outcome` (outcome-based exploration), `agents.episode` (multi-turn episodes).
+- `agents.attempt`: one attempt (`attempt_task`) and its `Conditioning`; `agents.context`: the
+  prompts' messages.
+- The methods, a module each: `agents.slots` (guided slots), `agents.strategy` (SGE),
+  `agents.reflection` (R3L), `agents.insight` (RLTLDR), `agents.revision` (HeRL),
+  `agents.nudge` (NudgeRL), `agents.annealing` (EAD), `agents.outcome` (outcome-based
+  exploration), `agents.ruler` (RULER's ranking of captured episodes), `agents.episode`
+  (multi-turn episodes).
 - `agents.watchdog`: deadlines and the stall watch; `agents.errors`: `AgentError`,
   `PolicyError` (an attempt's own failure), `ServerUnavailable` (never an answer).
 """

@@ -1,4 +1,6 @@
-"""The experience library (EDGE, SLEA-RL): lessons of every kind in one table.
+"""The experience library (EDGE's utility and co-evolving bank): lessons of every kind in one
+table. SLEA-RL's step-level retrieval by observation cluster is not built: lessons are retrieved
+per task (`memory.retrieval`).
 
 A lesson (`Lesson`) is a stored library entry; an agent proposes one as a `LessonDraft`. The
 tables keep their first names (`experience_entry`, `experience_evidence`, `experience_use`).

@@ -6,6 +6,7 @@ import pytest
 
 from memory.records import Attempt, Group, Sample
 from tests.conftest import make_group
+from tests.helpers import with_attempts
 from trainer.advantages import grpo_advantages, mean_advantages, r3l_advantages
 from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts, positive_ratio_filter
 from trainer.settings import TrainSettings
@@ -79,10 +80,6 @@ def guided(attempt: Attempt, bare_ids: list[int] | None) -> Attempt:
             "bare_prompt_token_ids": bare_ids,
         }
     )
-
-
-def with_attempts(group: Group, attempts: list[Attempt]) -> Group:
-    return group.model_copy(update={"attempts": attempts})
 
 
 def test_guided_attempts_are_distilled_under_the_bare_prompt() -> None:

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from examples.agent import solve
 from memory import store
-from tests.test_serve import start_serve
+from tests.helpers import start_serve
 
 pytestmark = pytest.mark.vllm
 

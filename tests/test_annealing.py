@@ -12,8 +12,7 @@ from agents.policy import PolicyClient
 from agents.settings import CollectSettings
 from flows.settings import RunSettings
 from memory.records import Annealing, SamplingSettings
-from tests.test_exploration import TASK, collect_task
-from tests.test_policy import completion
+from tests.helpers import TASK, collect_task, completion
 
 SCHEDULE = Annealing()
 

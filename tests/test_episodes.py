@@ -12,7 +12,7 @@ import httpx
 
 from agents.episode import parse_tool_calls, run_episode
 from memory.records import SamplingSettings
-from tests.test_policy import client_for
+from tests.helpers import client_for
 from verifiers.guessing import GuessingGame
 from verifiers.ledger import INTRUDER, Ledger
 
@@ -149,7 +149,7 @@ def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_tur
     from agents.policy import Endpoint
     from agents.reflection import reflect_and_retry
     from agents.settings import CollectSettings
-    from tests.test_policy import completion
+    from tests.helpers import completion
     from verifiers.catalog import eval_tasks
 
     task = eval_tasks("guess", 1)[0]

@@ -4,25 +4,19 @@ reflect-then-retry (conditioning rules, token bookkeeping, JSON validation, fail
 import json
 from collections.abc import Callable
 
-import anyio
 import httpx
 import pytest
 
-from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.errors import ServerUnavailable
 from agents.policy import Endpoint
 from agents.reflection import Reflection, parse_reflection, review_messages
 from agents.settings import CollectSettings
 from memory.records import Group, Sample
-from tests.test_advantages import with_attempts
-from tests.test_policy import client_for, completion
+from tests.helpers import TASK, client_for, collect_task, completion, scripted, with_attempts
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
-from verifiers.reasoning import eval_tasks
-from verifiers.task import Task
 from verifiers.taskset import CODE_PROMPT
 
-TASK = eval_tasks("arithmetic", 1)[0]
 REFLECTION = {
     "summary": "I gave the wrong number.",
     "root_cause": "I ignored the sign.",
@@ -32,36 +26,8 @@ REFLECTION = {
 }
 
 
-def collect_task(
-    handler: Callable[[httpx.Request], httpx.Response],
-    settings: CollectSettings,
-    reviewer: Endpoint | None = None,
-    task: Task = TASK,
-) -> Group:
-    """The one group of `task`, collected from a scripted server."""
-
-    async def main():
-        return await collect_groups(
-            Endpoint(client_for(handler), "m"),
-            [task],
-            GroupSpec(1, "train", settings),
-            anyio.CapacityLimiter(2),
-            Hooks(lambda g: None),
-            reviewer=reviewer,
-        )
-
-    (group,) = anyio.run(main)
-    return group
-
-
 def run(handler: Callable[[dict], httpx.Response], settings: CollectSettings) -> Group:
     return collect_task(lambda request: handler(json.loads(request.content)), settings)
-
-
-def scripted(body: dict, text: str, prompt_ids: list[int]) -> httpx.Response:
-    reply = completion(text, [5, 6])
-    reply["prompt_token_ids"] = prompt_ids
-    return httpx.Response(200, json=reply)
 
 
 def test_guided_slots_see_the_worked_example_and_keep_the_bare_prompt_ids() -> None:

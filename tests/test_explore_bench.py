@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.explore import compare, guidance_found, solved_within, source
 from tests.conftest import make_group
-from tests.test_advantages import with_attempts
+from tests.helpers import with_attempts
 
 
 def test_sources_and_the_tasks_only_guidance_solved() -> None:

@@ -19,7 +19,7 @@ from agents.settings import CollectSettings
 from memory import store, workqueue
 from memory.records import Group, Setback, WorkItem
 from tests import faulty
-from tests.test_policy import client_for, completion
+from tests.helpers import client_for, completion
 from verifiers import catalog, guard
 from verifiers.errors import TaskFault
 from verifiers.guard import Guard

@@ -1,7 +1,6 @@
 """Gateway logic against a scripted upstream (httpx.MockTransport): auth, alias, routes, gate."""
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -13,6 +12,7 @@ from memory.records import PolicyVersion
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
 from tests.conftest import seed_promoted
+from tests.helpers import wait_until
 
 USER, ADMIN = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
 
@@ -310,13 +310,6 @@ def flaky(tiny_model_path: Path, tmp_path: Path):
     app = create_app(settings, engine, transport=httpx.MockTransport(upstreams))
     with TestClient(app) as client:
         yield client, upstreams, engine
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_an_unknown_version_is_404_on_promote(flaky) -> None:

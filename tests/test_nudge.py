@@ -10,8 +10,7 @@ from agents.nudge import HINT_TEMPERATURE, HINT_TOKENS
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from memory import store
-from tests.test_exploration import TASK, collect_task, scripted
-from tests.test_policy import client_for
+from tests.helpers import TASK, client_for, collect_task, scripted
 from trainer.dataset import build_rows, member_advantages
 from trainer.settings import TrainSettings
 

@@ -8,38 +8,12 @@ import pytest
 
 from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.errors import PolicyError, ServerBusy, ServerUnavailable
-from agents.policy import Endpoint, PolicyClient
+from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory.records import SamplingSettings
+from tests.helpers import client_for, completion
 from verifiers.reasoning import eval_tasks
-
-
-def completion(text: str, token_ids: list[int] | None, finish: str = "stop") -> dict:
-    ids = token_ids or []
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish,
-        "logprobs": {
-            "content": [
-                {"token": str(t), "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in ids
-            ]
-        },
-    }
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
-    if token_ids is not None:
-        body["prompt_token_ids"] = [1, 2, 3]
-    return body
-
-
-def client_for(handler, watchdog: WatchdogSettings | None = None) -> PolicyClient:
-    transport = httpx.MockTransport(handler)
-    http = httpx.AsyncClient(transport=transport)
-    return PolicyClient("http://scripted", watchdog=watchdog, http_client=http)
-
 
 SAMPLING = SamplingSettings(temperature=0.7, max_tokens=8)
 MESSAGES = [{"role": "user", "content": "Calculate 1 + 1."}]

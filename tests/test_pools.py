@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from flows.flywheel import DRAIN
 from memory import store, workqueue
 from memory.models import RolloutGroupRow, WorkItemRow
 from tests.conftest import free_port, make_group, pg_database
+from tests.helpers import wait_until
 from verifiers.reasoning import train_tasks
 from workers import worker
 
@@ -119,13 +120,6 @@ def flow_run(run_id: uuid.UUID) -> FlowRun:
         return client.read_flow_run(run_id)
 
 
-def wait_for(check: Callable[[], bool], seconds: float, why: Callable[[], str]) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, why()
-        time.sleep(0.5)
-
-
 def enqueue(db_url: str, batch: worker.Batch, tasks: int, seed: int) -> list[str]:
     sampling = CollectSettings(group_size=4, max_tokens=24)
     chosen = train_tasks("arithmetic", tasks, seed=seed, held_out=[])
@@ -164,7 +158,7 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
     workers = [start_worker(prefect_api, "collect", f"w{i}", tmp_path) for i in range(2)]
     try:
         runs = [run_deployment(DRAIN, timeout=0).id for _ in range(2)]
-        wait_for(  # both runs wait for work; then the batch arrives
+        wait_until(  # both runs wait for work; then the batch arrives
             lambda: all(flow_run(r).state_type.value == "RUNNING" for r in runs), 240,
             lambda: logs(tmp_path, pg_url),
         )  # fmt: skip
@@ -175,7 +169,7 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
                 done = workqueue.progress(session, *batch)["done"]
                 return done >= 1 and len(workqueue.claim_holders(session)) == 2
 
-        wait_for(both_hold_claims, 240, lambda: logs(tmp_path, pg_url))
+        wait_until(both_hold_claims, 240, lambda: logs(tmp_path, pg_url))
         with store.transaction(engine) as session:
             owner = workqueue.claim_holders(session)[0]
         doomed_run = psutil.Process(int(owner.split("/")[1]))  # host/pid/random
@@ -185,7 +179,7 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
         doomed_run.kill()  # the machine is gone: worker and run, no goodbye
 
         survivor = next(r for r in runs if str(r) != doomed_id)
-        wait_for(
+        wait_until(
             lambda: flow_run(survivor).state_type.value in FINAL, 300,
             lambda: logs(tmp_path, pg_url),
         )  # fmt: skip
@@ -238,7 +232,7 @@ def test_training_and_collection_overlap_and_training_runs_one_at_a_time(
         drain = run_deployment(DRAIN, parameters={"idle_s": 60.0}, timeout=0).id
         for _ in range(2):
             run_deployment("flywheel-train/train", timeout=0)
-        wait_for(
+        wait_until(
             lambda: flow_run(drain).state_type.value in FINAL
             and all(r.state_type.value in FINAL for r in started_runs("flywheel-train/train")),
             400, lambda: logs(tmp_path, pg_url),

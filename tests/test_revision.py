@@ -21,8 +21,7 @@ from flows.settings import load_run_settings
 from memory import store
 from memory.models import VerdictRow
 from memory.records import SamplingSettings
-from tests.test_exploration import TASK, collect_task, scripted
-from tests.test_policy import client_for
+from tests.helpers import TASK, client_for, collect_task, scripted
 from trainer.dataset import IGNORE, build_rows, member_advantages, winning_revision
 from trainer.round import PolicyGradientTrainer
 from trainer.settings import TrainSettings

@@ -6,49 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import httpx
 import pytest
 
 from memory import store
-from tests.conftest import free_port
+from tests.helpers import start_serve
 
 pytestmark = pytest.mark.vllm
-
-
-class Served(NamedTuple):
-    process: subprocess.Popen[bytes]
-    db: str
-    prefect_port: int
-    gateway_port: int
-    log: Path
-
-
-def start_serve(
-    server: str, model: Path, tmp_path: Path, flags: list[str], env: dict[str, str] | None = None
-) -> Served:
-    """`flywheel serve` in its own process group on the tiny server, with a gateway (admin key
-    `admin-key`) and a local Prefect server, its output in `serve.log`."""
-    prefect_port, gateway_port = free_port(), free_port()
-    db = f"sqlite:///{tmp_path / 'fw.db'}"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    environment |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
-    command = [
-        sys.executable, "-m", "cli", "serve", "--server-url", server,
-        "--model", str(model), "--db", db, "--workdir", str(tmp_path), *flags,
-        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
-    ]  # fmt: skip
-    log = tmp_path / "serve.log"
-    process = subprocess.Popen(
-        command, env=environment | (env or {}), stdout=log.open("w"), stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    return Served(process, db, prefect_port, gateway_port, log)
 
 
 def test_serve_runs_rounds_on_schedule_and_keeps_its_prefect_server(

@@ -17,8 +17,7 @@ from memory.sessions import episode_groups, episodes, session_turns, stitch
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
 from tests.conftest import make_group, seed_promoted
-from tests.test_exploration import scripted
-from tests.test_policy import client_for
+from tests.helpers import client_for, scripted
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
 

@@ -1,0 +1,127 @@
+"""Helpers the tests share: a scripted OpenAI-compatible server's answers and a client on it, a
+group collected from one, a `flywheel serve` process, and a wait on a condition."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import anyio
+import httpx
+
+from agents.collector import GroupSpec, Hooks, collect_groups
+from agents.policy import Endpoint, PolicyClient
+from agents.settings import CollectSettings
+from agents.watchdog import WatchdogSettings
+from memory.records import Attempt, Group
+from tests.conftest import free_port
+from verifiers.reasoning import eval_tasks
+from verifiers.task import Task
+
+
+def completion(text: str, token_ids: list[int] | None, finish: str = "stop") -> dict:
+    ids = token_ids or []
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish,
+        "logprobs": {
+            "content": [
+                {"token": str(t), "logprob": -0.5, "bytes": [], "top_logprobs": []} for t in ids
+            ]
+        },
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
+    if token_ids is not None:
+        body["prompt_token_ids"] = [1, 2, 3]
+    return body
+
+
+def client_for(handler, watchdog: WatchdogSettings | None = None) -> PolicyClient:
+    transport = httpx.MockTransport(handler)
+    http = httpx.AsyncClient(transport=transport)
+    return PolicyClient("http://scripted", watchdog=watchdog, http_client=http)
+
+
+TASK = eval_tasks("arithmetic", 1)[0]
+
+
+def collect_task(
+    handler: Callable[[httpx.Request], httpx.Response],
+    settings: CollectSettings,
+    reviewer: Endpoint | None = None,
+    task: Task = TASK,
+) -> Group:
+    """The one group of `task`, collected from a scripted server."""
+
+    async def main():
+        return await collect_groups(
+            Endpoint(client_for(handler), "m"),
+            [task],
+            GroupSpec(1, "train", settings),
+            anyio.CapacityLimiter(2),
+            Hooks(lambda g: None),
+            reviewer=reviewer,
+        )
+
+    (group,) = anyio.run(main)
+    return group
+
+
+def scripted(body: dict, text: str, prompt_ids: list[int]) -> httpx.Response:
+    reply = completion(text, [5, 6])
+    reply["prompt_token_ids"] = prompt_ids
+    return httpx.Response(200, json=reply)
+
+
+def with_attempts(group: Group, attempts: list[Attempt]) -> Group:
+    return group.model_copy(update={"attempts": attempts})
+
+
+class Served(NamedTuple):
+    process: subprocess.Popen[bytes]
+    db: str
+    prefect_port: int
+    gateway_port: int
+    log: Path
+
+
+def start_serve(
+    server: str, model: Path, tmp_path: Path, flags: list[str], env: dict[str, str] | None = None
+) -> Served:
+    """`flywheel serve` in its own process group on the tiny server, with a gateway (admin key
+    `admin-key`) and a local Prefect server, its output in `serve.log`."""
+    prefect_port, gateway_port = free_port(), free_port()
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment |= {"PREFECT_HOME": str(tmp_path / "client"), "FLYWHEEL_ADMIN_KEYS": "admin-key"}
+    command = [
+        sys.executable, "-m", "cli", "serve", "--server-url", server,
+        "--model", str(model), "--db", db, "--workdir", str(tmp_path), *flags,
+        "--prefect-port", str(prefect_port), "--gateway-port", str(gateway_port),
+    ]  # fmt: skip
+    log = tmp_path / "serve.log"
+    process = subprocess.Popen(
+        command, env=environment | (env or {}), stdout=log.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    return Served(process, db, prefect_port, gateway_port, log)
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float = 10.0, why: Callable[[], str] | None = None
+) -> None:
+    """Poll `condition` until it holds, at first often, then every half second; past
+    `timeout_s`, fail with `why()`."""
+    deadline, pause = time.monotonic() + timeout_s, 0.02
+    while not condition():
+        assert time.monotonic() < deadline, why() if why else "condition not met in time"
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)

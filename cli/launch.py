@@ -192,6 +192,11 @@ def _loop_settings(args: argparse.Namespace, command: str) -> tuple[Any, Path]:
         raise FlowError(
             f"flywheel {command} uses a reviewer already running: --reviewer-url, --reviewer-model"
         )
+    if settings.source != "generated" and not keys("FLYWHEEL_API_KEYS"):
+        raise FlowError(
+            f"--source {settings.source} captures agent traffic, which needs API keys: set "
+            "FLYWHEEL_API_KEYS (comma-separated), and give each agent one"
+        )
     model_path = model_folder(args.model, args.models).resolve()
     for url in (args.server_url, *settings.replicas):
         preflight(settings.db_url, url, model_path.name)

@@ -129,11 +129,12 @@ def set_advantages(
         session.execute(statement, values)
 
 
-def record_feedback(session: Session, task_id: str, score: float, reason: str) -> None:
-    """Attach a score (user feedback or a later verifier) to a captured trajectory."""
-    group = session.scalars(
-        select(RolloutGroupRow).filter_by(purpose="capture", task_id=task_id)
-    ).first()
+def record_feedback(
+    session: Session, task_id: str, score: float, reason: str, owner: str | None = None
+) -> None:
+    """Attach a score (user feedback or a later verifier) to a captured trajectory; with
+    `owner`, only to one that owner's key captured (another's is as unknown as none)."""
+    group = _captured(session, task_id, owner)
     if group is None or not group.attempts:
         raise NotFound(f"unknown capture id {task_id!r}")
     _score(session, group, score, reason)
@@ -151,19 +152,33 @@ def record_session_feedback(session: Session, session_id: str, score: float, rea
 
 
 def captured_exchange(
-    session: Session, session_id: str | None = None, capture_id: str | None = None
+    session: Session,
+    session_id: str | None = None,
+    capture_id: str | None = None,
+    owner: str | None = None,
 ) -> tuple[str, str]:
     """A captured session's (or one turn's) question, its first user message, and its answer,
-    the last turn's text: what a verifier scores. `NotFound` when there is none."""
+    the last turn's text: what a verifier scores. `NotFound` when there is none (or, with
+    `owner`, none of that owner's)."""
     if session_id is not None:
         rows = list(session.scalars(captured_turns(session_id)))
     else:
-        query = select(RolloutGroupRow).filter_by(purpose="capture", task_id=capture_id)
-        rows = list(session.scalars(query))
+        assert capture_id is not None
+        found = _captured(session, capture_id, owner)
+        rows = [found] if found is not None else []
     last = rows[-1].attempts[0] if rows and rows[-1].attempts else None
     if last is None or last.completion is None:
         raise NotFound(f"nothing captured for {session_id or capture_id!r}")
     return rows[0].question, last.completion
+
+
+def _captured(session: Session, capture_id: str, owner: str | None) -> RolloutGroupRow | None:
+    group = session.scalars(
+        select(RolloutGroupRow).filter_by(purpose="capture", task_id=capture_id)
+    ).first()
+    if group is None or (owner is not None and (group.plan or {}).get("owner") != owner):
+        return None
+    return group
 
 
 def captured_turns(session_id: str) -> Select[RolloutGroupRow]:

@@ -7,8 +7,10 @@
    asked for them.
 2. Turns of one conversation are tied by the `X-Flywheel-Session` header, or, without it, by
    the request's `user` field; episodes of the same task by the `X-Flywheel-Task` header. Both
-   are kept in the captured group's plan (`{"session": ..., "task": ...}`), and
-   `memory.sessions` stitches a session's turns into one token sequence.
+   belong to the key that sent them: they are kept in the captured group's plan prefixed with
+   the key's fingerprint (`{"session": "<owner>:<id>", "task": "<owner>:<tag>", "owner": ...}`),
+   so another key's session of the same name is another session, and its feedback never reaches
+   this one. `memory.sessions` stitches a session's turns into one token sequence.
 3. A request with `X-Flywheel-Capture: off`, or made with a key listed as uncaptured, is
    answered and not recorded.
 4. Feedback scores a turn or a session: a score the client gives, or the gateway's task-set
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -30,13 +33,25 @@ TASK_HEADER = "X-Flywheel-Task"
 OPT_OUT_HEADER = "X-Flywheel-Capture"
 
 
-def tags(headers: Mapping[str, str], body: dict[str, Any]) -> dict[str, str]:
-    """The session (header, else the `user` field) and task (header) a request belongs to."""
+def owner(key: str) -> str:
+    """The fingerprint a key's captured traffic is filed under (the key itself is never
+    stored)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def owned(by: str, name: str) -> str:
+    """A session or task name as stored: its owner's fingerprint, then the caller's name."""
+    return f"{by}:{name}"[:200]
+
+
+def tags(headers: Mapping[str, str], body: dict[str, Any], by: str) -> dict[str, str]:
+    """The session (header, else the `user` field) and task (header) a request belongs to,
+    each filed under its owner `by` (`owner` of the caller's key)."""
     found = {
         "session": headers.get(SESSION_HEADER) or body.get("user"),
         "task": headers.get(TASK_HEADER),
     }
-    return {k: str(v)[:200] for k, v in found.items() if v}
+    return {"owner": by} | {k: owned(by, str(v)) for k, v in found.items() if v}
 
 
 def reference_task(taskset: str, question: str, reference: str) -> Task:

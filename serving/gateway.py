@@ -41,6 +41,7 @@ from memory import store
 from memory.errors import NotFound
 from serving import capture
 from serving.errors import ServingError, UpstreamError
+from serving.limits import Limited
 from serving.router import GatewaySettings, NoUpstream, Router
 from verifiers.catalog import averify
 from verifiers.errors import TaskFault
@@ -113,6 +114,7 @@ def create_app(
         title="flywheel gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.router = router
+    app.add_middleware(Limited, limits=settings.limits)
     _error_handlers(app)
     _inference_routes(app, router, client, engine)
     _admin_routes(app, router)
@@ -138,11 +140,15 @@ def _inference_routes(
         }
 
     @app.post("/v1/feedback", dependencies=[user])
-    async def feedback(body: FeedbackRequest) -> dict[str, Any]:
+    async def feedback(request: Request, body: FeedbackRequest) -> dict[str, Any]:
+        asked = body.session
+        owner = capture.owner(_key(request))
+        if body.session is not None:  # the caller's session: another key's is another session
+            body = body.model_copy(update={"session": capture.owned(owner, body.session)})
         if body.reference is not None:
-            body = await _verified(engine, settings.taskset, body)
-        turns = await anyio.to_thread.run_sync(_save_feedback, engine, body)  # unknown: 404
-        return {"status": "recorded", "id": body.id, "session": body.session, "turns": turns,
+            body = await _verified(engine, settings.taskset, body, owner)
+        turns = await anyio.to_thread.run_sync(_save_feedback, engine, body, owner)  # unknown: 404
+        return {"status": "recorded", "id": body.id, "session": asked, "turns": turns,
                 "score": body.score, "reason": body.reason}  # fmt: skip
 
     @app.post(CHAT, dependencies=[user])
@@ -192,7 +198,7 @@ async def _proxy(
         raise HTTPException(404, f"model {body.get('model')!r} is not served here")
     body["model"] = version
     capturing = router.settings.capture and route == CHAT and _captured(request, router.settings)
-    tagged = capture.tags(request.headers, body)
+    tagged = capture.tags(request.headers, body, capture.owner(_key(request)))
     asked = capture.prepare_request(body) if capturing else None
     router.inflight[version] += 1
     try:
@@ -365,13 +371,15 @@ def _save_group(engine: Engine, group: Any) -> None:
         store.save_group(session, group)
 
 
-async def _verified(engine: Engine, taskset: str | None, body: FeedbackRequest) -> FeedbackRequest:
+async def _verified(
+    engine: Engine, taskset: str | None, body: FeedbackRequest, owner: str
+) -> FeedbackRequest:
     """The feedback with the verifier's score of the captured answer against the reference."""
     if taskset is None:
         raise ServingError("this gateway has no verifier: start it with --taskset, or send a score")
     assert body.reference is not None
-    with store.transaction(engine) as session:  # unknown: NotFound, 404
-        question, answer = store.captured_exchange(session, body.session, body.id)
+    with store.transaction(engine) as session:  # unknown, or another key's: NotFound, 404
+        question, answer = store.captured_exchange(session, body.session, body.id, owner)
     try:
         verdict = await averify(capture.reference_task(taskset, question, body.reference), answer)
     except TaskFault as fault:
@@ -381,28 +389,34 @@ async def _verified(engine: Engine, taskset: str | None, body: FeedbackRequest) 
     )
 
 
-def _save_feedback(engine: Engine, body: FeedbackRequest) -> int:
-    """Record the score; the number of turns it reached."""
+def _save_feedback(engine: Engine, body: FeedbackRequest, owner: str) -> int:
+    """Record the score on what `owner`'s key captured; the number of turns it reached."""
     assert body.score is not None
     with store.transaction(engine) as session:
         if body.session is not None:
             return store.record_session_feedback(session, body.session, body.score, body.reason)
         assert body.id is not None
-        store.record_feedback(session, body.id, body.score, body.reason)
+        store.record_feedback(session, body.id, body.score, body.reason, owner)
         return 1
 
 
 def _captured(request: Request, settings: GatewaySettings) -> bool:
-    """Whether this request's traffic may be recorded: not opted out by header or by its key."""
+    """Whether this request's traffic may be recorded: it came with a key (capture needs keys),
+    and is not opted out by header or by its key."""
+    key = _key(request)
+    return (
+        bool(key) and not capture.opted_out(request.headers) and key not in settings.uncaptured_keys
+    )
+
+
+def _key(request: Request) -> str:
     header = request.headers.get("authorization", "")
-    key = header.removeprefix("Bearer ").strip()
-    return not capture.opted_out(request.headers) and key not in settings.uncaptured_keys
+    return header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
 
 
 def _key_check(settings: GatewaySettings, admin: bool) -> Any:
     async def check(request: Request) -> None:
-        header = request.headers.get("authorization", "")
-        key = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        key = _key(request)
         if admin:
             if key in settings.admin_keys:
                 return

@@ -22,12 +22,13 @@ from typing import Any
 
 import anyio
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Engine
 
 from memory import store
 from serving import adapters, probe, promotion
 from serving.errors import ServingError, UpstreamError
+from serving.limits import RequestLimits
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,15 @@ class GatewaySettings(BaseModel):
     capture: bool = False
     uncaptured_keys: frozenset[str] = frozenset()  # keys whose traffic is never recorded
     taskset: str | None = None  # whose verifier scores feedback that sends a reference
+    limits: RequestLimits = RequestLimits()
+
+    @model_validator(mode="after")
+    def _closed_to_capture(self) -> GatewaySettings:
+        if self.capture and not self.user_keys:
+            raise ValueError(
+                "capture records training data, so it needs API keys: set FLYWHEEL_API_KEYS"
+            )
+        return self
 
 
 class NoUpstream(UpstreamError):
@@ -215,15 +225,18 @@ class Router:
             self.versions.append(name)
 
     def _checked_path(self, name: str, path: Path) -> Path:
-        """Validate a version's adapter the first time this gateway serves it."""
-        if name in self.versions:
-            return path.resolve()
-        return adapters.validate_adapter(
+        """Validate and confine a version's adapter every time it is registered; a name already
+        served keeps its folder (weights the gate never saw never take a promoted name)."""
+        resolved = adapters.validate_adapter(
             path,
             root=self.settings.checkpoint_root,
             max_rank=self.settings.max_lora_rank,
             base_modules=self.base_modules,
         )
+        served = self.paths.get(name)
+        if served is not None and served != resolved:
+            raise ServingError(f"{name!r} already serves {served}; a new folder needs a new name")
+        return resolved
 
     async def _evict(self) -> None:
         keep = {self.target, *self._rollback_targets()}

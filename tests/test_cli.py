@@ -238,6 +238,18 @@ def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) 
     assert "1   done     grpo    base -> p1  train tokens 42" in out
 
 
+def test_capture_needs_api_keys(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_ADMIN_KEYS", "admin-key")
+    monkeypatch.delenv("FLYWHEEL_API_KEYS", raising=False)
+    code = main(["serve", "--server-url", "http://127.0.0.1:9", "--workdir", str(tmp_path),
+                 "--gateway-port", "8123", "--source", "captured"])  # fmt: skip
+    assert code == 2 and "captures agent traffic, which needs API keys" in capsys.readouterr().err
+    code = main(["gateway", "--upstream", "http://127.0.0.1:9", "--workdir", str(tmp_path),
+                 "--model", "tiny", "--capture"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "needs API keys" in err
+
+
 def test_serve_needs_admin_keys_for_the_gateway(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("FLYWHEEL_ADMIN_KEYS", raising=False)
     code = main(["serve", "--server-url", "http://127.0.0.1:9", "--workdir", str(tmp_path),

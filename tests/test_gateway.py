@@ -199,9 +199,10 @@ def test_capture_records_trajectories_streamed_or_not_and_feedback(
         base_model_path=tiny_model_path,
         checkpoint_root=tmp_path,
         capture=True,
+        user_keys=frozenset({"user-key"}),
     )
     app = create_app(settings, engine, transport=httpx.MockTransport(capturing_upstream(sent)))
-    with TestClient(app) as client:
+    with TestClient(app, headers=USER) as client:
         response = client.post("/v1/chat/completions", json=chat(temperature=0.3))
         assert response.status_code == 200
         assert sent[0]["return_token_ids"] is True and sent[0]["logprobs"] is True
@@ -420,3 +421,38 @@ def test_a_rollback_whose_version_cannot_be_served_changes_nothing(flaky, tmp_pa
     with store.transaction(engine) as session:
         assert store.promoted_policy(session).name == "v-head"
         assert store.alias_events(session, "policy") == []
+
+
+def test_bodies_and_rates_are_limited_per_key(tiny_model_path: Path, tmp_path: Path) -> None:
+    from serving.limits import RequestLimits
+
+    engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
+    seed_promoted(engine, tiny_model_path.name, 0.5)
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=reply(json.loads(request.content)["model"]))
+
+    settings = GatewaySettings(
+        upstreams=["http://up-1"], base_model_path=tiny_model_path,
+        checkpoint_root=tmp_path / "adapters", user_keys=frozenset({"user-key", "other-key"}),
+        limits=RequestLimits(max_body_bytes=2_000, rate_per_s=0.5, burst=3),
+    )  # fmt: skip
+    app = create_app(settings, engine, transport=httpx.MockTransport(upstream))
+    with TestClient(app) as client:
+        huge = chat(messages=[{"role": "user", "content": "x" * 5_000}])
+        stated = client.post("/v1/chat/completions", json=huge, headers=USER)
+        chunked = client.post(
+            "/v1/chat/completions", content=iter([json.dumps(huge).encode()]), headers=USER
+        )
+        answers = [client.post("/v1/chat/completions", json=chat(), headers=USER)
+                   for _ in range(3)]  # fmt: skip
+        other = client.post("/v1/chat/completions", json=chat(), headers=OTHER)
+        health = [client.get("/health").status_code for _ in range(10)]
+    assert stated.status_code == 413 and "over 2000 bytes" in stated.json()["error"]["message"]
+    assert chunked.status_code == 413
+    assert [a.status_code for a in answers] == [200, 429, 429]  # the two 413s took tokens too
+    assert int(answers[-1].headers["retry-after"]) >= 1
+    assert other.status_code == 200 and set(health) == {200}  # each key has its own bucket
+
+
+OTHER = {"Authorization": "Bearer other-key"}

@@ -330,3 +330,29 @@ def test_a_swap_reaches_every_replica_or_none_moves_the_alias(
                 assert "policy-r2-narrow" in loaded_models(upstream)
                 assert greedy_text(upstream, "policy-r2-narrow")
             assert "policy-r1-wide" not in loaded_models(replica.url)
+
+
+def test_a_served_name_is_never_registered_again_with_other_weights(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Every registration is validated and confined, a served name's included: neither weights
+    outside the checkpoint root nor another adapter can take a name already served."""
+    root = tmp_path / "adapters"
+    first = chaos.random_adapter(tiny_model_path, root, "policy-r7-a", std=1.0)
+    other = chaos.random_adapter(tiny_model_path, root, "policy-r7-b", std=1.0)
+    outside = chaos.random_adapter(tiny_model_path, tmp_path / "elsewhere", "policy-r7-c", std=1.0)
+    engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
+    seed_promoted(engine, tiny_model_path.name, 0.1)
+    settings = keyed_settings([tiny_server], tiny_model_path, root)
+    with running(create_app(settings, engine), port=free_port()) as url:
+        admin = httpx.Client(base_url=url, headers=ADMIN, timeout=120)
+        loaded = admin.post("/admin/adapters", json={"name": "v-served", "path": str(first)})
+        assert loaded.status_code == 200, loaded.text
+        again = admin.post("/admin/adapters", json={"name": "v-served", "path": str(first)})
+        assert again.status_code == 200  # the same folder again: nothing changes
+        escaped = admin.post("/admin/adapters", json={"name": "v-served", "path": str(outside)})
+        assert escaped.status_code == 400 and "outside the checkpoint root" in escaped.text
+        swapped = admin.post("/admin/adapters", json={"name": "v-served", "path": str(other)})
+        assert swapped.status_code == 400 and "a new folder needs a new name" in swapped.text
+        state = admin.get("/admin/state").json()
+    assert state["versions"] == ["v-served"]

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from agents.policy import Endpoint
 from memory import store
-from memory.records import Attempt, Sample
+from memory.records import UNRATED, Attempt, Sample
 from memory.sessions import episode_groups, episodes, session_turns, stitch
-from serving import probe
+from serving import capture, probe
 from serving.gateway import GatewaySettings, create_app
 from tests.conftest import make_group, seed_promoted
 from tests.helpers import client_for, scripted
@@ -66,6 +66,11 @@ def toy_vllm(answers: dict[str, str], exact: bool = True):
 ANSWERS = {"add 2 and 3": "call add", "tool says 5": "5", "again": "6"}
 
 
+def mine(name: str) -> str:
+    """A session or task name as the store files it for the tests' default key."""
+    return capture.owned(capture.owner("user-key"), name)
+
+
 @pytest.fixture
 def capturing(tiny_model_path: Path, tmp_path: Path):
     def make(exact: bool = True, taskset: str | None = None):
@@ -76,11 +81,12 @@ def capturing(tiny_model_path: Path, tmp_path: Path):
             base_model_path=tiny_model_path,
             checkpoint_root=tmp_path,
             capture=True,
+            user_keys=frozenset({"user-key", "private-key", "other-key"}),
             uncaptured_keys=frozenset({"private-key"}),
             taskset=taskset,
         )
         app = create_app(settings, engine, transport=httpx.MockTransport(toy_vllm(ANSWERS, exact)))
-        return TestClient(app), engine
+        return TestClient(app, headers={"Authorization": "Bearer user-key"}), engine
 
     return make
 
@@ -113,7 +119,10 @@ def test_a_sessions_turns_are_stitched_into_the_servers_rendering_of_the_transcr
         assert client.post("/v1/feedback", json={"score": 1.0}).status_code == 422
     with store.transaction(engine) as session:
         (group,) = episode_groups(session)
-    assert group.task_id == "task:sum" and group.plan["sessions"] == ["s1", "s2"]
+    assert group.task_id == f"task:{mine('sum')}" and group.plan["sessions"] == [
+        mine("s1"),
+        mine("s2"),
+    ]
     first, second = group.attempts
     assert (first.reward, second.reward, first.turns) == (1.0, 0.0, 2)
     sample = first.sample
@@ -136,7 +145,7 @@ def test_an_answer_the_server_renders_otherwise_becomes_untrained_context(captur
     with client:
         transcript = converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
     with store.transaction(engine) as session:
-        episode = episodes(session)["s1"]
+        episode = episodes(session)[mine("s1")]
     assert isinstance(episode, Attempt) and episode.sample is not None
     sample = episode.sample
     rendered = render([m | {"content": m["content"] + " "} if m["role"] == "assistant" else m
@@ -169,7 +178,7 @@ def test_capture_is_opted_out_by_header_or_key(capturing) -> None:
         converse(client, {"X-Flywheel-Session": "b", "Authorization": "Bearer private-key"})
         converse(client, {"X-Flywheel-Session": "c"})
     with store.transaction(engine) as session:
-        assert set(episodes(session)) == {"c"}
+        assert set(episodes(session)) == {mine("c")}
 
 
 def test_an_unrated_episode_or_a_lone_one_makes_no_group(capturing) -> None:
@@ -204,7 +213,7 @@ def test_feedback_with_a_reference_is_scored_by_the_task_sets_verifier(capturing
     with store.transaction(engine) as session:
         rewards = {sid: [g.attempts[0].reward for g in turns]
                    for sid, turns in session_turns(session).items()}  # fmt: skip
-    assert rewards == {"right": [0.5, 0.5], "wrong": [0.0, 0.0]}
+    assert rewards == {mine("right"): [0.5, 0.5], mine("wrong"): [0.0, 0.0]}
     plain, _ = capturing()  # no task set: a reference cannot be scored
     with plain:
         converse(plain, {"X-Flywheel-Session": "s"})
@@ -231,7 +240,7 @@ def test_a_round_adopts_rated_episode_groups_once_and_keeps_their_lineage(captur
     with store.transaction(engine) as session:
         (stored,) = store.load_groups(session, "train", 3, "v2", complete_only=True)
         assert episode_groups(session) == []
-    assert stored.id == adopted.id and stored.plan["sessions"] == ["s1", "s2"]
+    assert stored.id == adopted.id and stored.plan["sessions"] == [mine("s1"), mine("s2")]
     assert [a.turns for a in stored.attempts] == [2, 2]
     assert [a.sample for a in stored.attempts] == [a.sample for a in adopted.attempts]
     assert stored.attempts[0].forced_spans == adopted.attempts[0].forced_spans
@@ -254,17 +263,17 @@ def test_a_session_is_exported_and_forgotten_from_the_command_line(
         adopt(session, round_index=1, policy_version="v1")
     db = str(engine.url)
     out = tmp_path / "s1.jsonl"
-    assert main(["export", "--session", "s1", "--out", str(out), "--db", db]) == 0
+    assert main(["export", "--session", mine("s1"), "--out", str(out), "--db", db]) == 0
     head, *turns = [json.loads(line) for line in out.read_text().splitlines()]
     assert head["turns"] == 2 and head["reward"] == 1.0 and len(turns) == 2
     assert head["sample"]["prompt_token_ids"] == turns[0]["sample"]["prompt_token_ids"]
-    assert main(["forget", "--session", "s1", "--db", db]) == 0
+    assert main(["forget", "--session", mine("s1"), "--db", db]) == 0
     assert "2 captured turns and 1 train groups deleted" in capsys.readouterr().out
     with store.transaction(engine) as session:
-        assert set(episodes(session)) == {"s2"}
+        assert set(episodes(session)) == {mine("s2")}
         assert store.load_groups(session, "train") == []
-    assert main(["forget", "--session", "s1", "--db", db]) == 2
-    assert capsys.readouterr().err == "flywheel: error: unknown session 's1'\n"
+    assert main(["forget", "--session", mine("s1"), "--db", db]) == 2
+    assert capsys.readouterr().err == f"flywheel: error: unknown session {mine('s1')!r}\n"
 
 
 def judge_client(reply: str, seen: list) -> Endpoint:
@@ -323,3 +332,37 @@ def test_judged_episodes_are_rated_and_adopted(capturing, monkeypatch) -> None:
         (group,) = adopt(session, round_index=1, policy_version="v1")
     assert [a.reward for a in group.attempts] == [1.0, 0.0]
     assert group.attempts[0].reason == "judged against its group"
+
+
+def test_a_session_belongs_to_the_key_that_opened_it(capturing) -> None:
+    """Another key's feedback never reaches this key's session or turns; its own session of
+    the same name is another session; nothing is captured without a key."""
+    client, engine = capturing()
+    other = {"Authorization": "Bearer other-key"}
+    with client:
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum"})
+        turn = client.post("/v1/chat/completions", json=chat_body()).headers[capture.CAPTURE_HEADER]
+        by_session = client.post(
+            "/v1/feedback", json={"session": "s1", "score": 1.0}, headers=other
+        )
+        by_turn = client.post("/v1/feedback", json={"id": turn, "score": 1.0}, headers=other)
+        converse(client, {"X-Flywheel-Session": "s1", "X-Flywheel-Task": "sum", **other})
+        own = client.post("/v1/feedback", json={"session": "s1", "score": 1.0}, headers=other)
+    assert by_session.status_code == 404 and by_turn.status_code == 404
+    assert own.status_code == 200 and own.json()["turns"] == 2
+    with store.transaction(engine) as session:
+        turns = session_turns(session)
+    assert set(turns) == {mine("s1"), capture.owned(capture.owner("other-key"), "s1")}
+    assert all(g.attempts[0].reason == UNRATED for g in turns[mine("s1")])
+
+
+def test_capture_without_keys_is_refused(tiny_model_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="capture records training data, so it needs API keys"):
+        GatewaySettings(
+            upstreams=["http://up"], base_model_path=tiny_model_path, checkpoint_root=tmp_path,
+            capture=True,
+        )  # fmt: skip
+
+
+def chat_body() -> dict:
+    return {"model": "policy", "messages": [{"role": "user", "content": "add 2 and 3"}]}

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents.settings import CollectSettings  # noqa: E402
 from agents.watchdog import WatchdogSettings  # noqa: E402
-from bench.common import write_results  # noqa: E402
+from bench.common import provenance, write_results  # noqa: E402
 from bench.faults import FaultProxy, Faults  # noqa: E402
 from memory import store, workqueue  # noqa: E402
 from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow  # noqa: E402
@@ -594,11 +594,12 @@ def main() -> None:
     parser.add_argument("--soak", type=float, default=None, help="minutes of a soak instead")
     args = parser.parse_args()
     if args.soak is not None:
+        made = provenance()
         result = soak(args)
         print_soak(result)
         if args.json:
             result["settings"] = {k: str(v) for k, v in vars(args).items()}
-            write_results(args.json, result)
+            write_results(args.json, result, made)
         return
     rows = run_all(args)
     print_table(rows)

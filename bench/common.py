@@ -1,7 +1,8 @@
 """What every benchmark shares: where the project is, and a results file that says how it was made.
 
-`write_results(path, payload)` adds the provenance every figure needs (the command that produced
-it, the commit, the date, the machine: CPU model, cores) and writes the JSON atomically.
+`write_results(path, payload, made)` adds the provenance every figure needs (the command that
+produced it, the commit it ran, the date it started, the machine: CPU model, cores) and writes the
+JSON atomically. Take `provenance()` when the run starts: the commit at the end may be another.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def machine() -> dict[str, Any]:
     return {"cpu": model, "cores": os.cpu_count(), "system": platform.platform(terse=True)}
 
 
-def write_results(path: Path, payload: dict[str, Any]) -> None:
-    """`payload` with its provenance, written to `path` atomically."""
+def write_results(path: Path, payload: dict[str, Any], made: dict[str, Any]) -> None:
+    """`payload` with the provenance `made` (from `provenance()` at the start), written to
+    `path` atomically."""
     from memory.folders import atomic_file
 
     with atomic_file(path) as out:
-        out.write(json.dumps({"provenance": provenance(), **payload}, indent=2) + "\n")
+        out.write(json.dumps({"provenance": made, **payload}, indent=2) + "\n")
 
 
 def _git(*args: str) -> str:

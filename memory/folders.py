@@ -30,6 +30,7 @@ def atomic_file(path: Path) -> Iterator[TextIO]:
     """A text stream whose content replaces `path` only once all of it is on disk."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.fchmod(handle, path.stat().st_mode & 0o777 if path.exists() else 0o644)  # not mkstemp's 0600
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             yield stream

@@ -33,6 +33,7 @@ import anyio
 import httpx
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field, model_validator
 from sqlalchemy import Engine
@@ -239,6 +240,14 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServingError)
     async def _serving(_request: Request, exc: ServingError) -> JSONResponse:
         return error(400, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # One line, and never the input echoed back: it may not even be valid JSON (Infinity).
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        return error(422, ValueError(f"{where}: {message}" if where else message))
 
     @app.exception_handler(NotFound)
     async def _not_found(_request: Request, exc: NotFound) -> JSONResponse:

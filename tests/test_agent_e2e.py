@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from examples.agent import solve
 from memory import store
+from serving import capture
 from tests.helpers import start_serve
 
 pytestmark = pytest.mark.vllm
@@ -62,7 +63,10 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
         with store.transaction(engine) as session:
             (round_record,) = store.lineage(session, trained)[:1]
             groups = store.groups_by_id(session, round_record.group_ids)
-        assert [g.plan["sessions"] for g in groups] == [["agent-1", "agent-2"]]
+        owner = capture.owner("user-key")  # the agent's key: its sessions are filed under it
+        assert [g.plan["sessions"] for g in groups] == [
+            [capture.owned(owner, "agent-1"), capture.owned(owner, "agent-2")]
+        ]
         assert [a.reward for a in groups[0].attempts] == [1.0, 0.0]
 
         def answered_by_new() -> bool:

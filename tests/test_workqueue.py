@@ -310,7 +310,8 @@ def test_a_task_that_timed_out_under_load_is_given_back_uncounted(tmp_path) -> N
         failing: ServerUnavailable("answered 500"),
     }
     settings = worker.WorkerSettings(max_failures=1)
-    anyio.run(worker._give_back, engine, lot, failures, "w1", settings, Up())
+    crew = worker._Crew(engine, None, "w1", settings, anyio.CapacityLimiter(1), Up(), None)
+    anyio.run(worker._give_back, crew, lot, failures)
     with transaction(engine) as session:
         states = {row.id: (row.state, row.failures) for row in session.scalars(select(WorkItemRow))}
     assert states == {busy: ("queued", 0), failing: ("failed", 1)}

@@ -34,12 +34,13 @@ texts = st.lists(st.one_of(pieces, st.text(max_size=12)), max_size=30).map("".jo
 
 @QUICK
 @given(texts)
+@example("<answer>=``````=</answer>")  # a fence inside the answer is dropped, not the answer
 def test_any_text_extracts_to_at_most_one_answer_and_verifies_in_bounds(text: str) -> None:
     started = time.monotonic()
     found = extract_answer(text)
     if found.format_ok:
         assert found.answer and found.answer.strip()
-        assert found.answer in text.replace("\x00", "")
+        assert "<answer>" not in found.answer.lower()  # one answer, never a tag or a list
     verdict = reasoning.verify(TASK, text)
     assert 0.0 <= verdict.reward <= 1.0 and "\n" not in verdict.reason
     assert time.monotonic() - started < 1.0

@@ -30,14 +30,19 @@ JUDGE_TOKENS = 24  # per episode: a score and its separator
 def transcript(episode: Attempt) -> str:
     """An episode as text: each message after the system prompt, with its role; tool calls as
     JSON."""
+    return conversation(episode.messages)[-TRANSCRIPT_CHARS:]
+
+
+def conversation(messages: list[dict[str, Any]]) -> str:
+    """Messages as text, each after the system prompt with its role; tool calls as JSON."""
     lines = []
-    for message in episode.messages:
+    for message in messages:
         if message.get("role") == "system":
             continue
         content = message.get("tool_calls") or message.get("content") or ""
         text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
         lines.append(f"{message.get('role')}: {text}")
-    return "\n".join(lines)[-TRANSCRIPT_CHARS:]
+    return "\n".join(lines)
 
 
 def score_format(count: int) -> dict[str, Any]:

@@ -46,9 +46,9 @@ from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
-from bench.intervals import paired_difference, wilson  # noqa: E402
 from bench.smollm2_server import policy_and_reviewer  # noqa: E402
 from memory.records import FIRST_KINDS, VERIFIED_KINDS, Annealing, Attempt, Group  # noqa: E402
+from reports.intervals import paired_difference, wilson  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402

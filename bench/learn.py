@@ -58,9 +58,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.intervals import paired_difference  # noqa: E402
 from bench.smollm2_server import MODELS, smollm2_server  # noqa: E402
 from memory import store  # noqa: E402
+from reports.intervals import paired_difference  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 

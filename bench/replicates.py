@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.intervals import mean_interval, welch_difference  # noqa: E402
+from reports.intervals import mean_interval, welch_difference  # noqa: E402
 from reports.table import text_table  # noqa: E402
 
 

@@ -52,7 +52,7 @@ def gateway(args: argparse.Namespace) -> int:
         alias=args.alias,
         user_keys=keys("FLYWHEEL_API_KEYS"),
         admin_keys=admin_keys,
-        gate=Gate(min_gain=args.min_gain),
+        gate=Gate(min_gain=args.min_gain, held_out_share=args.held_out_share),
         capture=args.capture,
         uncaptured_keys=keys("FLYWHEEL_UNCAPTURED_KEYS"),
         taskset=args.taskset,

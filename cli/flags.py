@@ -27,6 +27,8 @@ FLAGGED = (
     "taskset",
     "source",
     "judge",
+    "evaluation",
+    "gate.held_out_share",
     "temperature",
     "guided_fraction",
     "sge",

@@ -131,6 +131,8 @@ def serve(args: argparse.Namespace) -> int:
             sys.executable, "-m", "cli", "gateway", "--upstream", args.server_url,
             "--db", settings.db_url, "--workdir", str(args.workdir), "--model", str(model_path),
             "--port", str(args.gateway_port), "--taskset", settings.taskset,
+            "--min-gain", str(settings.gate.min_gain),
+            "--held-out-share", str(settings.gate.held_out_share),
             *(f"--upstream={url}" for url in settings.replicas),
         ]  # fmt: skip
         if settings.source != "generated":  # rounds train on its traffic: record it

@@ -233,10 +233,16 @@ def _gateway_command(commands: Any) -> None:
         "--min-gain",
         type=float,
         default=0.0,
-        help="held-out pass@1 gain over the serving version needed to promote",
+        help="gain over the serving version needed to promote (held-out pass@1, or a margin)",
     )
     gateway.add_argument(
         "--capture", action="store_true", help="record chat traffic as trajectories in the store"
+    )
+    gateway.add_argument(
+        "--held-out-share",
+        type=float,
+        default=0.2,
+        help="share of captured sessions kept to judge new versions, never trained on (0.2)",
     )
     gateway.add_argument(
         "--taskset",

@@ -6,6 +6,8 @@
    doing (its verifier raised or hung) is left out, and the figures say over how many tasks
    they were computed.
 2. The baseline is the base model's evaluation, stored the first time and read back after.
+   Each evaluation is recorded on its version as a scorecard: pass@1 over n tasks with
+   Wilson's 95% interval, and the task set that judged it.
 3. `paired` compares two versions on the same held-out tasks: tasks gained and tasks lost.
 """
 
@@ -22,7 +24,8 @@ from sqlalchemy import Engine
 from flows.settings import RunSettings
 from flows.stages import collect
 from memory import store
-from memory.records import Group, PolicyVersion
+from memory.records import Group, PolicyVersion, Scorecard
+from reports.intervals import wilson
 from verifiers.catalog import eval_tasks
 from verifiers.task import Task
 
@@ -37,6 +40,14 @@ class Evaluation(BaseModel):
     format_rate: float
     tasks: int
     left_out: int = 0
+
+    def card(self, taskset: str) -> Scorecard:
+        """The pass@1 as the gate records it, with Wilson's 95% interval over the tasks."""
+        low, high = wilson(round(self.pass_at_1 * self.tasks), self.tasks)
+        return Scorecard(
+            evaluation=f"held-out tasks of {taskset}"[:300], figure="pass@1",
+            value=self.pass_at_1, n=self.tasks, low=low, high=high,
+        )  # fmt: skip
 
 
 async def evaluate(
@@ -77,6 +88,22 @@ async def baseline(
     folder (the weights a merged-weights server goes back to), and promoted if nothing is; its
     groups, once stored, are read back, not sampled again."""
     db = store.shared_engine(settings.db_url)
+    base = register_base(db, base_name, base_model)
+    held_out = eval_tasks(settings.taskset, settings.eval_tasks)
+    started = time.monotonic()
+    figures = await evaluate(settings, server_url, held_out, base)
+    seconds["evaluate"] = seconds.get("evaluate", 0.0) + time.monotonic() - started
+    get_run_logger().info(
+        "baseline held-out pass@1 %.3f (format %.2f)", figures.pass_at_1, figures.format_rate
+    )
+    with store.transaction(db) as session:
+        store.record_scorecard(session, base_name, figures.card(settings.taskset))
+    return held_out, figures
+
+
+def register_base(db: Engine, base_name: str, base_model: Path) -> PolicyVersion:
+    """The base model recorded, with its folder (the weights a merged-weights server goes back
+    to), and promoted if nothing is."""
     folder = str(base_model)  # an absolute path: the launcher resolved it
     with store.transaction(db) as session:
         store.save_policy_version(
@@ -86,17 +113,7 @@ async def baseline(
             store.set_weights_path(session, base_name, folder)
         if store.promoted_policy(session) is None:
             store.set_promoted(session, base_name, True)
-        base = store.policy_version(session, base_name)
-    held_out = eval_tasks(settings.taskset, settings.eval_tasks)
-    started = time.monotonic()
-    figures = await evaluate(settings, server_url, held_out, base)
-    seconds["evaluate"] = seconds.get("evaluate", 0.0) + time.monotonic() - started
-    get_run_logger().info(
-        "baseline held-out pass@1 %.3f (format %.2f)", figures.pass_at_1, figures.format_rate
-    )
-    with store.transaction(db) as session:
-        store.record_evaluation(session, base_name, figures.pass_at_1)
-    return held_out, figures
+        return store.policy_version(session, base_name)
 
 
 def paired(db: Engine, base_name: str, name: str, held_out: list[Task]) -> tuple[int, int]:

@@ -17,7 +17,9 @@
    gathers a fresh batch for the next round on an interval, and `train_when_ready` trains,
    swaps, evaluates and promotes once that round has enough complete groups. With `source`
    captured or mixed, each training check first adopts the rated episode groups of captured
-   agent traffic into the round (`memory.sessions`); with captured alone nothing is generated.
+   agent traffic into the round (`memory.sessions`); with captured alone nothing is generated,
+   and a version is judged on the agent's own held-out work alone, never on the task set's
+   (`flows.scorecards`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from flows.settings import RunSettings
 from memory import sessions, store, workqueue
 from reports.summary import FailedTask, RoundSummary, RunSummary
 from verifiers.catalog import train_tasks
+from verifiers.task import Task
 from workers import worker
 
 DRAIN = "flywheel-drain/drain"  # the queue worker deployment of `flows.pools`
@@ -141,9 +144,15 @@ async def train_when_ready(
     (or was interrupted while training), train, swap, evaluate and promote."""
     settings, server_url = _here(settings, server_url)
     clock = rounds.Clock()
-    held_out, _ = await evaluation.baseline(
-        settings, server_url, base_name, Path(base_model_path), clock.seconds
-    )
+    held_out: list[Task] = []  # rounds on captured traffic alone are judged on the agent's work
+    if settings.source == "captured":
+        evaluation.register_base(
+            store.shared_engine(settings.db_url), base_name, Path(base_model_path)
+        )
+    else:
+        held_out, _ = await evaluation.baseline(
+            settings, server_url, base_name, Path(base_model_path), clock.seconds
+        )
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
     if settings.source != "generated" and settings.judge:
         await stages.judge_captured(settings)

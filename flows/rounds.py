@@ -9,8 +9,9 @@ evaluate, promote.
    checkpoint is never trained twice.
 3. A round with nothing to learn from (no group with a reward spread) is recorded as skipped;
    a server that fails never makes a round skipped: collection raises first.
-4. The new version is served, evaluated on the same held-out tasks, and promoted only if the
-   gate lets it through. Every stage runs under its deadline (`stage_timeout_s`).
+4. The new version is served, evaluated on the same held-out tasks (and, when it trained on
+   captured traffic, on the agent's own held-out work, `flows.scorecards`), and promoted only if
+   the gate lets it through. Every stage runs under its deadline (`stage_timeout_s`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from pathlib import Path
 from prefect import get_run_logger
 from pydantic import BaseModel, ConfigDict
 
-from flows import artifacts, evaluation, stages
+from flows import artifacts, evaluation, scorecards, stages
 from flows.settings import RunSettings
 from memory import store
-from memory.records import ROLLOUT_KINDS, Group, PolicyVersion, TrainingRound
+from memory.records import ROLLOUT_KINDS, Group, PolicyVersion, Scorecard, TrainingRound
+from memory.sessions import CAPTURED
 from reports.summary import RoundSummary
 from serving import promotion
 from serving.adapters import ensure_loaded
@@ -147,8 +149,8 @@ async def train_stage(
     with clock.stage("swap", seconds):
         await swap(ctx.settings, ctx.server_url, version)
     with clock.stage("evaluate", seconds):
-        figures = await evaluation.evaluate(ctx.settings, ctx.server_url, ctx.held_out, version)
-    promoted = _judge(ctx, record, name, trained, figures)
+        figures, cards = await _evaluate(ctx, version, groups)
+    promoted = _judge(ctx, record, name, trained, cards)
     if ctx.settings.weights == "merged":
         if not promoted:  # the promoted version serves again, not the refused candidate
             with clock.stage("swap", seconds):
@@ -163,8 +165,8 @@ async def train_stage(
             "policy_version": name,
             "adapter_path": trained.adapter_path,
             "train_tokens": trained.train_tokens,
-            "eval_pass_at_1": figures.pass_at_1,
-            "eval_format_rate": figures.format_rate,
+            "eval_pass_at_1": figures.pass_at_1 if figures else None,
+            "eval_format_rate": figures.format_rate if figures else None,
             "eval_gained": gained,
             "eval_lost": lost,
             "promoted": promoted,
@@ -246,27 +248,56 @@ def _publish(
     return version
 
 
+async def _evaluate(
+    ctx: RoundContext, version: PolicyVersion, groups: list[Group]
+) -> tuple[evaluation.Evaluation | None, list[Scorecard]]:
+    """The new version judged: on the held-out tasks of the task set (none when rounds train on
+    captured traffic alone), and, when the round trained on captured traffic, on the agent's
+    own held-out work against the version serving (`flows.scorecards`)."""
+    figures, cards = None, []
+    if ctx.held_out:
+        figures = await evaluation.evaluate(ctx.settings, ctx.server_url, ctx.held_out, version)
+        cards.append(figures.card(ctx.settings.taskset))
+    if any(g.taskset == CAPTURED for g in groups):
+        card = await scorecards.agent_card(
+            ctx.settings, ctx.server_url, version.name, ctx.current.name
+        )
+        cards.append(card)
+    return figures, cards
+
+
 def _judge(
     ctx: RoundContext,
     record: TrainingRound,
     name: str,
     trained: RoundResult,
-    figures: evaluation.Evaluation,
+    cards: list[Scorecard],
 ) -> bool:
-    """Record the evaluation, let the gate decide, finish the round; whether it was promoted."""
+    """Record the scorecards, let the gate decide, finish the round; whether it was promoted."""
     with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
-        store.record_evaluation(session, name, figures.pass_at_1)
+        for card in cards:
+            store.record_scorecard(session, name, card)
         decision = promotion.promote(session, name, ctx.settings.gate)
-        metrics = {**trained.model_dump(), "eval_pass_at_1": figures.pass_at_1}
+        metrics = {**trained.model_dump(), **_figures(cards)}
         update = {"policy_out": name, "status": "done", "metrics": metrics}
         store.save_training_round(session, record.model_copy(update=update))
     promoted = decision.action == "promote"
     get_run_logger().info(
-        "round %d: %s held-out pass@1 %.3f: %s (%s)",
-        ctx.round_index, name, figures.pass_at_1,
+        "round %d: %s %s: %s (%s)",
+        ctx.round_index, name, "; ".join(c.line() for c in cards) or "not evaluated",
         "promoted" if promoted else "not promoted", decision.reason,
     )  # fmt: skip
     return promoted
+
+
+def _figures(cards: list[Scorecard]) -> dict[str, object]:
+    """The round's record of how it was judged: the pass@1 (when a task set judged it) and
+    every scorecard."""
+    found: dict[str, object] = {"scorecards": [c.model_dump(mode="json") for c in cards]}
+    for card in cards:
+        if card.figure == "pass@1":
+            found["eval_pass_at_1"] = card.value
+    return found
 
 
 def _finish(ctx: RoundContext, record: TrainingRound, update: dict[str, object]) -> None:

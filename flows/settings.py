@@ -49,6 +49,13 @@ class RunSettings(BaseModel):
         description="score captured episodes that have no feedback by the reviewer ranking "
         "the episodes of a task against each other (RULER); needs a reviewer",
     )
+    evaluation: str | None = Field(
+        None,
+        description="your evaluation of your agent, module:function, called as function(base_url, "
+        "model) for a candidate and for the serving version: it runs the agent on held-out tasks "
+        "and returns one score per task. Judges versions trained on captured traffic; without "
+        "it, held-out captured sessions are compared blind by the judge",
+    )
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")

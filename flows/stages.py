@@ -89,7 +89,7 @@ async def collect(
         "%s with %s: %d tasks (%d already stored)", purpose, version, len(tasks), len(done)
     )
     worker.release_dead_local_workers(db)
-    reviewer = _reviewer(settings)
+    reviewer = reviewer_endpoint(settings)
     # A progress bar on a terminal; logs already say how far a batch is everywhere else.
     bar = tqdm(total=len(todo), desc=f"{purpose} {version}", unit="task", leave=False,
                disable=not sys.stderr.isatty())  # fmt: skip
@@ -205,7 +205,7 @@ def _embedder() -> Embedder:
 async def judge_captured(settings: RunSettings) -> int:
     """Score the unrated episode groups of captured traffic by the reviewer's ranking (RULER);
     the number of episodes scored. A group the judge could not score stays unrated."""
-    reviewer = _reviewer(settings)
+    reviewer = reviewer_endpoint(settings)
     assert reviewer is not None, "the settings require a reviewer to judge"
     db = store.shared_engine(settings.db_url)
     with store.transaction(db) as session:
@@ -227,7 +227,7 @@ async def judge_captured(settings: RunSettings) -> int:
     return scored
 
 
-def _reviewer(settings: RunSettings) -> Endpoint | None:
+def reviewer_endpoint(settings: RunSettings) -> Endpoint | None:
     if settings.reviewer_url is None or settings.reviewer_model is None:
         return None
     return Endpoint(PolicyClient(settings.reviewer_url), settings.reviewer_model)

@@ -45,6 +45,7 @@ class PolicyVersionRow(Base):
     promoted: Mapped[bool] = mapped_column(Boolean, default=False)
     promoted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     eval_pass_at_1: Mapped[float | None] = mapped_column(Float)
+    scorecards: Mapped[list[Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 

@@ -103,6 +103,39 @@ class SamplingSettings(Record):
     annealing: Annealing | None = None  # EAD: the schedule replaces `temperature`
 
 
+ScoreFigure = Literal["pass@1", "win margin", "score margin"]
+
+
+class Scorecard(Record):
+    """A version's figure from one evaluation, with its size and 95% interval.
+
+    `evaluation` names what judged it: held-out tasks of a task set (`pass@1`, the share it
+    solved), the agent's own held-out sessions, the candidate's answers and the serving
+    version's compared blind by a judge (`win margin`: wins minus losses per turn, in [-1, 1]),
+    or the user's evaluation of both on the same held-out tasks (`score margin`: the mean
+    difference of their scores). A margin is against `against`, the version serving then."""
+
+    evaluation: str = Field(max_length=300)
+    figure: ScoreFigure
+    value: float
+    n: int = Field(ge=0)
+    low: float
+    high: float
+    against: str | None = None
+
+    @property
+    def margin(self) -> bool:
+        return self.figure != "pass@1"
+
+    def line(self) -> str:
+        """The figure as one line: `pass@1 0.420 (95% 0.30-0.55, n 64; held-out arithmetic)`."""
+        sign = "+" if self.margin else ""
+        return (
+            f"{self.figure} {self.value:{sign}.3f} (95% {self.low:{sign}.3f} to "
+            f"{self.high:{sign}.3f}, n {self.n}; {self.evaluation})"
+        )
+
+
 class PolicyVersion(Record):
     """A servable policy: the base model, or a LoRA adapter trained in some round, with its
     merged weights (a full model folder) when the run serves merged versions."""
@@ -116,6 +149,12 @@ class PolicyVersion(Record):
     promoted: bool = False
     promoted_at: datetime | None = None
     eval_pass_at_1: float | None = None
+    scorecards: list[Scorecard] = Field(default_factory=list)
+
+    @field_validator("scorecards", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return value or []
 
 
 class Attempt(Record):

@@ -17,7 +17,9 @@ and the episodes of one task grouped for training.
 2. An episode's reward is its last turn's score: session feedback (`record_session_feedback`)
    scores every turn; an episode whose last turn has no score is unrated.
 3. Rated episodes tagged with the same task form one group, the unit group advantages are
-   computed over; a task needs at least `min_episodes` of them.
+   computed over; a task needs at least `min_episodes` of them. Held-out sessions (marked when
+   they arrive) are never grouped or trained on: their turns judge new versions
+   (`held_out_turns`).
 4. A round adopts the groups (`adopt`): each is stored as a train group of that round (its plan
    names the sessions, so lineage reaches from a version to the traffic that trained it), and
    its sessions' turns are marked with the round, so no episode is trained twice.
@@ -37,6 +39,8 @@ from memory.ingest import save_group
 from memory.models import RolloutGroupRow
 from memory.records import UNRATED, Attempt, Group, Sample
 from memory.rows import group_record
+
+CAPTURED = "gateway"  # the task set of captured traffic and of the groups rounds adopt from it
 
 
 def stitch(turns: list[Attempt]) -> Attempt | str:
@@ -130,7 +134,7 @@ def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) 
     `min_episodes`: the rated episodes, or (`rated` off) the unrated ones, for a judge."""
     by_task: dict[str, list[tuple[str, Attempt, str]]] = defaultdict(list)
     for sid, turns in session_turns(session).items():
-        if any("round" in g.plan for g in turns):
+        if any("round" in g.plan for g in turns) or turns[0].plan.get("held_out"):
             continue
         task = turns[0].plan.get("task")
         episode = stitch_turns(turns)
@@ -141,13 +145,28 @@ def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) 
     ]
 
 
+def held_out_turns(session: Session, limit: int) -> dict[str, list[Attempt]]:
+    """The assistant turns of held-out sessions (never trained on), by session, newest sessions
+    first, at most `limit` turns in all: each turn's logged prompt ids are the prefix a
+    candidate and the serving version answer when the gate compares them."""
+    found: dict[str, list[Attempt]] = {}
+    taken = 0
+    for sid, turns in reversed(session_turns(session).items()):
+        if not turns[0].plan.get("held_out") or taken >= limit:
+            continue
+        answered = [g.attempts[0] for g in turns if g.attempts and g.attempts[0].sample]
+        found[sid] = answered[: limit - taken]
+        taken += len(found[sid])
+    return {sid: turns for sid, turns in found.items() if turns}
+
+
 def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
     attempts = [e.model_copy(update={"sample_index": i}) for i, (_, e, _) in enumerate(found)]
     return Group(
         round_index=0,
         purpose="capture",
         task_id=f"task:{task}",
-        taskset="gateway",
+        taskset=CAPTURED,
         question=found[0][2],
         policy_version=attempts[0].policy_version,
         size=len(attempts),
@@ -188,7 +207,7 @@ def forget(session: Session, session_id: str) -> tuple[int, int]:
     each. `NotFound` when there is neither."""
     turns = [row.id for row in session.scalars(captured_turns(session_id))]
     adopted_by = select(RolloutGroupRow).where(
-        RolloutGroupRow.purpose == "train", RolloutGroupRow.taskset == "gateway"
+        RolloutGroupRow.purpose == "train", RolloutGroupRow.taskset == CAPTURED
     )
     adopted = [
         row.id

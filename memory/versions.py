@@ -19,6 +19,7 @@ from memory.models import (
 from memory.records import (
     AliasEvent,
     PolicyVersion,
+    Scorecard,
 )
 
 
@@ -31,6 +32,17 @@ def save_policy_version(session: Session, version: PolicyVersion) -> None:
 
 def record_evaluation(session: Session, name: str, pass_at_1: float) -> None:
     policy_row(session, name).eval_pass_at_1 = pass_at_1
+    session.flush()
+
+
+def record_scorecard(session: Session, name: str, card: Scorecard) -> None:
+    """Keep the version's figure from one evaluation (replacing an earlier card of the same
+    evaluation); a pass@1 card is also the version's held-out pass@1."""
+    row = policy_row(session, name)
+    kept = [c for c in row.scorecards or [] if c.get("evaluation") != card.evaluation]
+    row.scorecards = [*kept, card.model_dump(mode="json", exclude={"schema_version"})]
+    if card.figure == "pass@1":
+        row.eval_pass_at_1 = card.value
     session.flush()
 
 

@@ -11,6 +11,8 @@
    the key's fingerprint (`{"session": "<owner>:<id>", "task": "<owner>:<tag>", "owner": ...}`),
    so another key's session of the same name is another session, and its feedback never reaches
    this one. `memory.sessions` stitches a session's turns into one token sequence.
+   A share of sessions (`held_out_share`, decided by the session's name when it arrives) is
+   held out: never trained on, kept to judge new versions on the agent's own work.
 3. A request with `X-Flywheel-Capture: off`, or made with a key listed as uncaptured, is
    answered and not recorded.
 4. Feedback scores a turn or a session: a score the client gives, or the gateway's task-set
@@ -44,14 +46,28 @@ def owned(by: str, name: str) -> str:
     return f"{by}:{name}"[:200]
 
 
-def tags(headers: Mapping[str, str], body: dict[str, Any], by: str) -> dict[str, str]:
+def tags(
+    headers: Mapping[str, str], body: dict[str, Any], by: str, held_out_share: float = 0.0
+) -> dict[str, Any]:
     """The session (header, else the `user` field) and task (header) a request belongs to,
-    each filed under its owner `by` (`owner` of the caller's key)."""
+    each filed under its owner `by` (`owner` of the caller's key), and whether the session is
+    held out (`held_out`)."""
     found = {
         "session": headers.get(SESSION_HEADER) or body.get("user"),
         "task": headers.get(TASK_HEADER),
     }
-    return {"owner": by} | {k: owned(by, str(v)) for k, v in found.items() if v}
+    tagged: dict[str, Any] = {"owner": by} | {k: owned(by, str(v)) for k, v in found.items() if v}
+    if "session" in tagged and held_out(tagged["session"], held_out_share):
+        tagged["held_out"] = True
+    return tagged
+
+
+def held_out(session: str, share: float) -> bool:
+    """Whether a session (its stored name) is kept to judge new versions, never to train them:
+    decided by its name alone when its first turn arrives, so every turn of it lands on the
+    same side, and about `share` of sessions are kept."""
+    digest = hashlib.sha256(f"held-out:{session}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
 def reference_task(taskset: str, question: str, reference: str) -> Task:
@@ -79,7 +95,7 @@ def captured_group(
     body: dict[str, Any],
     response: dict[str, Any],
     task_id: str,
-    tagged: dict[str, str] | None = None,
+    tagged: dict[str, Any] | None = None,
 ) -> Group | None:
     """The trajectory in a completed chat response (stored under `task_id`, with its session
     and task `tagged`), or None if it lacks token ids."""

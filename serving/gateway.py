@@ -199,7 +199,8 @@ async def _proxy(
         raise HTTPException(404, f"model {body.get('model')!r} is not served here")
     body["model"] = version
     capturing = router.settings.capture and route == CHAT and _captured(request, router.settings)
-    tagged = capture.tags(request.headers, body, capture.owner(_key(request)))
+    share = router.settings.gate.held_out_share
+    tagged = capture.tags(request.headers, body, capture.owner(_key(request)), share)
     asked = capture.prepare_request(body) if capturing else None
     router.inflight[version] += 1
     try:
@@ -288,7 +289,7 @@ def _relay(
     engine: Engine,
     body: dict[str, Any],
     asked: dict[str, bool] | None,
-    tagged: dict[str, str],
+    tagged: dict[str, Any],
 ) -> StreamingResponse:
     """Relay a stream; with capture, record it and drop the fields the caller did not ask
     for. An upstream that fails mid-stream ends it with an error event."""
@@ -328,7 +329,7 @@ async def _recorded(
     body: dict[str, Any],
     content: bytes,
     asked: dict[str, bool],
-    tagged: dict[str, str],
+    tagged: dict[str, Any],
 ) -> Response:
     payload = json.loads(content)
     capture_id = f"capture:{uuid.uuid4().hex}"
@@ -342,7 +343,7 @@ async def _store_capture(
     body: dict[str, Any],
     payload: dict[str, Any],
     capture_id: str,
-    tagged: dict[str, str],
+    tagged: dict[str, Any],
 ) -> bool:
     """Store a captured trajectory; a failure is logged, never the caller's problem."""
     try:

@@ -1,29 +1,46 @@
 """Promotion and rollback of the stable alias, decided by the held-out evaluation gate.
 
-1. A candidate is promoted only if it has a held-out pass@1 and it is at least the serving
-   version's plus `min_gain`. A refusal is recorded too, with its reason.
+1. A candidate is promoted only if every evaluation that judged it lets it through:
+   - held-out tasks of a task set: its pass@1 is at least the serving version's plus
+     `min_gain`;
+   - a margin over the serving version (the agent's held-out sessions judged blind, or the
+     user's own evaluation, `memory.records.Scorecard`): the lower end of its 95% interval is
+     above zero and the margin is at least `min_gain`, against the version serving now (a
+     margin over another version is stale).
+   A candidate nothing judged is refused. A refusal is recorded too, with its reason.
 2. Rollback un-promotes the serving version; the previous promoted version serves again.
 3. Every decision is an `AliasEvent` in the store, written in the caller's transaction.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from memory import store
-from memory.records import AliasEvent, PolicyVersion
+from memory.records import AliasEvent, PolicyVersion, Scorecard
 from serving.errors import ServingError
 
 DEFAULT_ALIAS = "policy"
 
 
 class Gate(BaseModel):
-    """The evaluation gate: how much better than the serving version a candidate must be."""
+    """The evaluation gate: how much better than the serving version a candidate must be; on
+    how many held-out turns of the agent's own sessions it is compared, and what share of
+    captured sessions is held out for that."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     min_gain: float = 0.0
+    turns: int = Field(
+        64, ge=1, description="held-out turns of captured sessions a candidate is compared on"
+    )
+    held_out_share: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="share of captured sessions kept to judge new versions, never trained on",
+    )
 
 
 def refusal(
@@ -82,9 +99,14 @@ def rollback(session: Session, alias: str = DEFAULT_ALIAS) -> AliasEvent:
 
 
 def _refusal(version: PolicyVersion, serving: PolicyVersion | None, gate: Gate) -> str | None:
-    if version.eval_pass_at_1 is None:
+    if version.eval_pass_at_1 is None and not version.scorecards:
         return f"{version.name} has no held-out evaluation"
     if serving is None or serving.name == version.name:
+        return None
+    for card in version.scorecards:
+        if card.margin and (reason := _margin_refusal(card, serving.name, gate)):
+            return reason
+    if version.eval_pass_at_1 is None:
         return None
     needed = (serving.eval_pass_at_1 or 0.0) + gate.min_gain
     if version.eval_pass_at_1 < needed:
@@ -92,4 +114,12 @@ def _refusal(version: PolicyVersion, serving: PolicyVersion | None, gate: Gate) 
             f"held-out pass@1 {version.eval_pass_at_1:.3f} is below "
             f"{needed:.3f} ({serving.name} {serving.eval_pass_at_1 or 0.0:.3f} + {gate.min_gain})"
         )
+    return None
+
+
+def _margin_refusal(card: Scorecard, serving: str, gate: Gate) -> str | None:
+    if card.against != serving:
+        return f"its {card.figure} is over {card.against}, but {serving} serves now"
+    if card.low <= 0.0 or card.value < gate.min_gain:
+        return f"{card.line()} is not above zero at 95% (and at least {gate.min_gain})"
     return None

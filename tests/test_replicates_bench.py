@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.confirm import labelled
-from bench.intervals import welch_difference
 from bench.replicates import by_arm, compare, load_runs, shared_tasks
+from reports.intervals import welch_difference
 
 
 def test_welch_interval_widens_with_the_spread_between_runs() -> None:

@@ -16,6 +16,7 @@ from memory.records import UNRATED, Attempt, Sample
 from memory.sessions import episode_groups, episodes, session_turns, stitch
 from serving import capture, probe
 from serving.gateway import GatewaySettings, create_app
+from serving.promotion import Gate
 from tests.conftest import make_group, seed_promoted
 from tests.helpers import client_for, scripted
 from trainer.dataset import IGNORE, build_rows
@@ -73,7 +74,7 @@ def mine(name: str) -> str:
 
 @pytest.fixture
 def capturing(tiny_model_path: Path, tmp_path: Path):
-    def make(exact: bool = True, taskset: str | None = None):
+    def make(exact: bool = True, taskset: str | None = None, held_out_share: float = 0.0):
         engine = store.open_store(f"sqlite:///{tmp_path / f'sessions-{exact}-{taskset}.db'}")
         seed_promoted(engine, tiny_model_path.name)
         settings = GatewaySettings(
@@ -84,6 +85,7 @@ def capturing(tiny_model_path: Path, tmp_path: Path):
             user_keys=frozenset({"user-key", "private-key", "other-key"}),
             uncaptured_keys=frozenset({"private-key"}),
             taskset=taskset,
+            gate=Gate(held_out_share=held_out_share),
         )
         app = create_app(settings, engine, transport=httpx.MockTransport(toy_vllm(ANSWERS, exact)))
         return TestClient(app, headers={"Authorization": "Bearer user-key"}), engine
@@ -326,7 +328,8 @@ def test_judged_episodes_are_rated_and_adopted(capturing, monkeypatch) -> None:
         db_url=str(engine.url), source="captured", judge=True,
         reviewer_url="http://judge", reviewer_model="judge-model",
     )  # fmt: skip
-    monkeypatch.setattr(stages, "_reviewer", lambda _: judge_client('{"scores": [1, 0]}', []))
+    judge = judge_client('{"scores": [1, 0]}', [])
+    monkeypatch.setattr(stages, "reviewer_endpoint", lambda _: judge)
     assert anyio.run(stages.judge_captured, settings) == 2
     with store.transaction(engine) as session:
         (group,) = adopt(session, round_index=1, policy_version="v1")

@@ -9,6 +9,7 @@
    finds the same plugin by it: install the plugin (or start the worker in its folder) there too.
 4. A plugin that cannot be imported, lacks a part, or has one of the wrong kind ends the
    command with one line that names the plugin and what is wrong.
+5. `function` finds other callables the same way (a user's own evaluation of their agent).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def load(name: str) -> TaskSet:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise VerifierError(f"task set {name!r}: a plugin is named module:attribute")
-    found = getattr(_module(name, module_name), attribute, None)
+    found = getattr(_module(f"task set {name!r}", module_name), attribute, None)
     if found is None:
         raise VerifierError(f"task set {name!r}: module {module_name!r} has no {attribute!r}")
     if not isinstance(found, TaskSet) and not any(hasattr(found, f) for f in FIELDS):
@@ -56,7 +57,21 @@ def load(name: str) -> TaskSet:
     return taskset
 
 
-def _module(name: str, module_name: str) -> Any:
+def function(spec: str, what: str) -> Callable[..., Any]:
+    """The callable a `module:attribute` spec names (imported as a task set is), for `what`
+    (e.g. "evaluation", in errors)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise VerifierError(f"{what} {spec!r}: name a callable as module:attribute")
+    found: object = getattr(_module(f"{what} {spec!r}", module_name), attribute, None)
+    if not callable(found):
+        raise VerifierError(
+            f"{what} {spec!r}: module {module_name!r} has no callable {attribute!r}"
+        )
+    return found
+
+
+def _module(label: str, module_name: str) -> Any:
     here = os.getcwd()
     if here not in sys.path:
         sys.path.insert(0, here)
@@ -65,13 +80,13 @@ def _module(name: str, module_name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name and f"{module_name}.".startswith(f"{exc.name}."):
             raise VerifierError(
-                f"task set {name!r}: no module {module_name!r} here "
+                f"{label}: no module {module_name!r} here "
                 "(start the command in the folder that holds it, or install it)"
             ) from exc
-        raise VerifierError(f"task set {name!r}: importing {module_name} failed: {exc}") from exc
+        raise VerifierError(f"{label}: importing {module_name} failed: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - a plugin's own code, reported in one line
         raise VerifierError(
-            f"task set {name!r}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+            f"{label}: importing {module_name} failed: {type(exc).__name__}: {exc}"
         ) from exc
 
 

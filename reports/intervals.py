@@ -1,6 +1,6 @@
-"""95% intervals for the benchmarks' shares: Wilson's for one share, a paired one for the
-difference of two shares measured on the same tasks, and Welch's for the difference of two
-arms' means over a few runs each."""
+"""95% intervals: Wilson's for one share, a paired one for the difference of two shares measured
+on the same tasks, Student's for a mean (the evaluation gate's win margins), and Welch's for the
+difference of two arms' means over a few runs each."""
 
 from __future__ import annotations
 
@@ -34,10 +34,17 @@ def paired_difference(a: Sequence[bool], b: Sequence[bool]) -> tuple[float, floa
 
 
 def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """The mean of many values with its 95% normal interval: (mean, low, high)."""
+    """The mean of the values with its 95% interval, Student's t below 31 values and the
+    normal's beyond: (mean, low, high). One value has no spread to go by: (mean, -inf, inf)."""
     mean = statistics.fmean(values)
-    half = Z * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 1.0
+    if len(values) < 2:
+        return (mean, -math.inf, math.inf)
+    half = _t(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return (mean, mean - half, mean + half)
+
+
+def _t(df: int) -> float:
+    return T_975[df - 1] if df <= len(T_975) else Z
 
 
 def welch_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
@@ -50,6 +57,5 @@ def welch_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, flo
     if va + vb == 0:
         return (diff, diff, diff)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    t = T_975[int(df) - 1] if int(df) <= len(T_975) else Z
-    half = t * math.sqrt(va + vb)
+    half = _t(int(df)) * math.sqrt(va + vb)
     return (diff, diff - half, diff + half)

@@ -1,0 +1,160 @@
+"""How a version trained on captured traffic is judged: on the agent's own work, never on a
+built-in task set.
+
+1. The user's evaluation (`evaluation = "module:function"`), when given: called as
+   `function(base_url, model)` for the candidate and for the serving version, both by name on
+   the model server. It runs the user's agent, unmodified, on their held-out tasks and returns
+   one score per task, in the same order both times. The scorecard is the mean paired
+   difference (`score margin`), with Student's 95% interval over the tasks.
+2. Otherwise, held-out captured sessions (kept out of training when they arrived,
+   `memory.sessions.held_out_turns`): at each logged assistant turn both versions continue the
+   very prompt ids the server saw then (greedy), and the judge (the reviewer, else the serving
+   version itself) compares the two replies blind, in an order drawn per turn
+   (`agents.pairwise`). A session's margin is its turns' mean (+1 a win, -1 a loss, 0 a tie);
+   the scorecard (`win margin`) is the mean over sessions with Student's 95% interval, so a
+   long session weighs as one. A turn the judge could not decide is left out.
+3. The gate (`serving.promotion`) promotes on a margin only when its interval is above zero. A
+   server that fails while judging fails the stage: no scorecard is recorded from it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import random
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from agents import pairwise
+from agents.errors import PolicyError
+from agents.policy import Endpoint, PolicyClient
+from flows.errors import FlowError
+from flows.settings import RunSettings
+from flows.stages import reviewer_endpoint
+from memory import sessions, store
+from memory.records import Attempt, SamplingSettings, Scorecard
+from reports.intervals import mean_interval
+from verifiers import plugin
+
+log = logging.getLogger(__name__)
+REPLY_TOKENS = 256  # a turn logged without max_tokens is answered with at most this many
+MOST_REPLY_TOKENS = 1024
+IN_FLIGHT = 8  # turns compared at once
+
+
+async def agent_card(
+    settings: RunSettings, server_url: str, candidate: str, serving: str
+) -> Scorecard:
+    """The candidate's margin over the serving version on the agent's own held-out work."""
+    if settings.evaluation:
+        return await user_card(settings.evaluation, server_url, candidate, serving)
+    return await sessions_card(settings, server_url, candidate, serving)
+
+
+async def user_card(spec: str, server_url: str, candidate: str, serving: str) -> Scorecard:
+    evaluate = plugin.function(spec, "evaluation")
+    base_url = f"{server_url.rstrip('/')}/v1"
+    mine = await _scores(evaluate, spec, base_url, candidate)
+    theirs = await _scores(evaluate, spec, base_url, serving)
+    if len(mine) != len(theirs) or len(mine) < 2:
+        raise FlowError(
+            f"evaluation {spec!r} gave {len(mine)} scores for {candidate} and {len(theirs)} for "
+            f"{serving}: it must score the same held-out tasks (at least 2), in the same order"
+        )
+    value, low, high = mean_interval([a - b for a, b in zip(mine, theirs, strict=True)])
+    return Scorecard(
+        evaluation=f"your evaluation {spec}"[:300], figure="score margin", value=value,
+        n=len(mine), low=low, high=high, against=serving,
+    )  # fmt: skip
+
+
+async def _scores(
+    evaluate: Callable[..., Any], spec: str, base_url: str, model: str
+) -> list[float]:
+    """One score per held-out task from the user's evaluation; any failure of theirs (their
+    agent meeting a server that is down included) ends the stage in one line, never a score."""
+    try:
+        if inspect.iscoroutinefunction(evaluate):
+            found = await evaluate(base_url, model)
+        else:
+            found = await anyio.to_thread.run_sync(evaluate, base_url, model)
+        scores = [float(score) for score in found]
+    except Exception as exc:  # noqa: BLE001 - the user's own code, reported in one line
+        raise FlowError(
+            f"evaluation {spec!r} failed on {model}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not all(math.isfinite(score) for score in scores):
+        raise FlowError(f"evaluation {spec!r} gave a score that is not a finite number")
+    return scores
+
+
+async def sessions_card(
+    settings: RunSettings, server_url: str, candidate: str, serving: str
+) -> Scorecard:
+    with store.transaction(store.shared_engine(settings.db_url)) as session:
+        held_out = sessions.held_out_turns(session, settings.gate.turns)
+    policy = PolicyClient(server_url)
+    judge = reviewer_endpoint(settings) or Endpoint(policy, serving)
+    duel = _Duel(Endpoint(policy, candidate), Endpoint(policy, serving), judge)
+    margins: dict[str, list[int]] = {sid: [] for sid in held_out}
+    try:
+        async with anyio.create_task_group() as group:
+            for sid, turns in held_out.items():
+                for index, turn in enumerate(turns):
+                    group.start_soon(duel.turn, sid, index, turn, margins[sid])
+    finally:
+        await policy.aclose()
+        if judge.client is not policy:
+            await judge.client.aclose()
+    return _card(margins, judge.model, serving)
+
+
+def _card(margins: dict[str, list[int]], judge: str, serving: str) -> Scorecard:
+    per_session = [statistics.fmean(m) for m in margins.values() if m]
+    turns = sum(len(m) for m in margins.values())
+    what = (
+        f"{turns} held-out turns of {len(per_session)} captured sessions, judged blind by {judge}"
+    )
+    if len(per_session) < 2:  # no spread to go by: the margin is anywhere it can be
+        value = per_session[0] if per_session else 0.0
+        return Scorecard(evaluation=what[:300], figure="win margin", value=value,
+                         n=len(per_session), low=-1.0, high=1.0, against=serving)  # fmt: skip
+    value, low, high = mean_interval(per_session)
+    return Scorecard(evaluation=what[:300], figure="win margin", value=value,
+                     n=len(per_session), low=max(low, -1.0), high=min(high, 1.0),
+                     against=serving)  # fmt: skip
+
+
+class _Duel:
+    """Both versions answer one logged turn; the judge compares them blind."""
+
+    def __init__(self, candidate: Endpoint, serving: Endpoint, judge: Endpoint) -> None:
+        self.candidate, self.serving, self.judge = candidate, serving, judge
+        self.limiter = anyio.Semaphore(IN_FLIGHT)
+
+    async def turn(self, sid: str, index: int, turn: Attempt, into: list[int]) -> None:
+        """Append the candidate's result on this turn (+1, 0, -1), unless the judge could not
+        decide or the server refused the prompt as bad."""
+        assert turn.sample is not None
+        wanted = turn.sampling.max_tokens or REPLY_TOKENS
+        sampling = SamplingSettings(temperature=0.0, max_tokens=min(wanted, MOST_REPLY_TOKENS))
+        prompt = turn.sample.prompt_token_ids
+        async with self.limiter:
+            try:
+                mine = await self.candidate.client.complete_ids(
+                    self.candidate.model, prompt, sampling
+                )
+                theirs = await self.serving.client.complete_ids(
+                    self.serving.model, prompt, sampling
+                )
+                flip = random.Random(f"{self.candidate.model}|{sid}|{index}").random() < 0.5
+                shown = (theirs.text, mine.text) if flip else (mine.text, theirs.text)
+                said = await pairwise.compare(self.judge, turn.messages, *shown)
+            except PolicyError as exc:
+                log.warning("held-out turn %d of %s left out: %s", index + 1, sid, exc)
+                return
+        into.append(-said if flip else said)

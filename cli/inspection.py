@@ -48,6 +48,7 @@ def _store_lines(session: Session) -> list[str]:
             f" {mark} {v.name:<28} round {v.round_index:<3} pass@1 {score(v.eval_pass_at_1)}"
             f"  {'promoted' if v.promoted else ''}"
         )
+        lines += [f"      {card.line()}" for card in v.scorecards]
     lines.append("recent rounds:")
     for r in store.training_rounds(session):
         tokens = r.metrics.get("train_tokens", "-")

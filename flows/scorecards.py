@@ -30,7 +30,8 @@ from typing import Any
 import anyio
 
 from agents import pairwise
-from agents.errors import PolicyError
+from agents.collector import first_failure
+from agents.errors import PolicyError, ServerUnavailable
 from agents.policy import Endpoint, PolicyClient
 from flows.errors import FlowError
 from flows.settings import RunSettings
@@ -99,21 +100,32 @@ async def sessions_card(
         held_out = sessions.held_out_turns(session, settings.gate.turns)
     policy = PolicyClient(server_url)
     judge = reviewer_endpoint(settings) or Endpoint(policy, serving)
-    duel = _Duel(Endpoint(policy, candidate), Endpoint(policy, serving), judge)
+    try:
+        duel = Duel(Endpoint(policy, candidate), Endpoint(policy, serving), judge)
+        margins = await compare(held_out, duel)
+    finally:
+        await policy.aclose()
+        if judge.client is not policy:
+            await judge.client.aclose()
+    return card(margins, judge.model, serving)
+
+
+async def compare(held_out: dict[str, list[Attempt]], duel: Duel) -> dict[str, list[int]]:
+    """Every held-out turn answered by both versions and judged: the candidate's results (+1,
+    0, -1) by session."""
     margins: dict[str, list[int]] = {sid: [] for sid in held_out}
     try:
         async with anyio.create_task_group() as group:
             for sid, turns in held_out.items():
                 for index, turn in enumerate(turns):
                     group.start_soon(duel.turn, sid, index, turn, margins[sid])
-    finally:
-        await policy.aclose()
-        if judge.client is not policy:
-            await judge.client.aclose()
-    return _card(margins, judge.model, serving)
+    except* ServerUnavailable as outage:  # the stage fails on it alone, as every stage does
+        raise first_failure(outage) from None
+    return margins
 
 
-def _card(margins: dict[str, list[int]], judge: str, serving: str) -> Scorecard:
+def card(margins: dict[str, list[int]], judge: str, serving: str) -> Scorecard:
+    """The win margin over sessions (each its turns' mean), with Student's 95% interval."""
     per_session = [statistics.fmean(m) for m in margins.values() if m]
     turns = sum(len(m) for m in margins.values())
     what = (
@@ -129,7 +141,7 @@ def _card(margins: dict[str, list[int]], judge: str, serving: str) -> Scorecard:
                      against=serving)  # fmt: skip
 
 
-class _Duel:
+class Duel:
     """Both versions answer one logged turn; the judge compares them blind."""
 
     def __init__(self, candidate: Endpoint, serving: Endpoint, judge: Endpoint) -> None:

@@ -128,11 +128,12 @@ class Scorecard(Record):
         return self.figure != "pass@1"
 
     def line(self) -> str:
-        """The figure as one line: `pass@1 0.420 (95% 0.30-0.55, n 64; held-out arithmetic)`."""
+        """One line: `held-out tasks of arithmetic: pass@1 0.420 (95% 0.303 to 0.546, n 64)`."""
         sign = "+" if self.margin else ""
+        over = f" over {self.against}" if self.against else ""
         return (
-            f"{self.figure} {self.value:{sign}.3f} (95% {self.low:{sign}.3f} to "
-            f"{self.high:{sign}.3f}, n {self.n}; {self.evaluation})"
+            f"{self.evaluation}: {self.figure}{over} {self.value:{sign}.3f} (95% "
+            f"{self.low:{sign}.3f} to {self.high:{sign}.3f}, n {self.n})"
         )
 
 

@@ -30,7 +30,8 @@ USER = {"Authorization": "Bearer user-key"}
 def test_an_agents_traffic_trains_the_version_that_answers_it_next(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    flags = ["--source", "captured", "--train-every", "3", "--min-groups", "1"]
+    judged = ["--evaluation", "tests.evaluations:served_by_name", "--held-out-share", "0"]
+    flags = ["--source", "captured", "--train-every", "3", "--min-groups", "1", *judged]
     run = start_serve(
         tiny_server, tiny_model_path, tmp_path, [*flags, "--eval-tasks", "2"],
         env={"FLYWHEEL_API_KEYS": "user-key"},
@@ -68,6 +69,15 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
             [capture.owned(owner, "agent-1"), capture.owned(owner, "agent-2")]
         ]
         assert [a.reward for a in groups[0].attempts] == [1.0, 0.0]
+        with store.transaction(engine) as session:
+            (card,) = store.policy_version(session, trained).scorecards
+            arithmetic = store.load_groups(session, "eval", policy_version=trained)
+        # judged on the agent's own work (the user's evaluation), never on the task set's
+        assert (card.evaluation, card.figure) == (
+            "your evaluation tests.evaluations:served_by_name",
+            "score margin",
+        )
+        assert card.against == base and card.n == 8 and card.low > 0 and arithmetic == []
 
         def answered_by_new() -> bool:
             reply = client.chat.completions.create(

@@ -209,7 +209,7 @@ def test_an_unwritable_export_fails_before_reading_anything(tmp_path: Path, caps
 
 def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) -> None:
     from memory import store
-    from memory.records import PolicyVersion, TrainingRound
+    from memory.records import PolicyVersion, Scorecard, TrainingRound
     from tests.conftest import make_group
 
     db = f"sqlite:///{tmp_path / 'status.db'}"
@@ -219,6 +219,12 @@ def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) 
         store.save_policy_version(session, PolicyVersion(name="base", base_model="m"))
         store.record_evaluation(session, "base", 0.25)
         store.set_promoted(session, "base", True)
+        store.save_policy_version(session, PolicyVersion(name="p1", base_model="m", parent="base"))
+        margin = Scorecard(
+            evaluation="7 held-out turns of 5 captured sessions, judged blind by q",
+            figure="win margin", value=0.4, n=5, low=-0.1, high=0.9, against="base",
+        )  # fmt: skip
+        store.record_scorecard(session, "p1", margin)
         store.save_group(session, make_group([1.0, 0.0, 0.0]))
         store.save_training_round(
             session,
@@ -234,6 +240,10 @@ def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) 
     assert main(["status", "--db", db]) == 0
     out = capsys.readouterr().out
     assert "serving: base (held-out pass@1 0.250)" in out
+    assert (
+        "      7 held-out turns of 5 captured sessions, judged blind by q: win margin over base "
+        "+0.400 (95% -0.100 to +0.900, n 5)"
+    ) in out  # which evaluation judged the version, with its n and interval
     assert "attempts stored: train 3" in out
     assert "1   done     grpo    base -> p1  train tokens 42" in out
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from agents.policy import Endpoint
 from memory import store
 from memory.records import UNRATED, Attempt, Sample
-from memory.sessions import episode_groups, episodes, session_turns, stitch
+from memory.sessions import episode_groups, episodes, held_out_turns, session_turns, stitch
 from serving import capture, probe
 from serving.gateway import GatewaySettings, create_app
 from serving.promotion import Gate
@@ -369,3 +369,22 @@ def test_capture_without_keys_is_refused(tiny_model_path: Path, tmp_path: Path) 
 
 def chat_body() -> dict:
     return {"model": "policy", "messages": [{"role": "user", "content": "add 2 and 3"}]}
+
+
+def test_a_held_out_session_judges_versions_and_never_trains(capturing) -> None:
+    names = [f"s{i}" for i in range(12)]
+    kept = {mine(n) for n in names if capture.held_out(mine(n), 0.5)}
+    assert 0 < len(kept) < len(names)  # the names split both ways at this share
+    client, engine = capturing(held_out_share=0.5)
+    with client:
+        for name in names:
+            converse(client, {"X-Flywheel-Session": name, "X-Flywheel-Task": "sum"})
+            client.post("/v1/feedback", json={"session": name, "score": 1.0}).raise_for_status()
+    with store.transaction(engine) as session:
+        (group,) = episode_groups(session)
+        judged = held_out_turns(session, limit=100)
+        few = held_out_turns(session, limit=3)
+    assert set(group.plan["sessions"]) == {mine(n) for n in names} - kept
+    assert set(judged) == kept and all(len(turns) == 2 for turns in judged.values())
+    assert all(t.sample and t.sample.prompt_token_ids for turns in judged.values() for t in turns)
+    assert sum(len(turns) for turns in few.values()) == 3

@@ -4,13 +4,13 @@ replies to it, and says which is better or that neither is.
 1. The judge sees "Reply 1" and "Reply 2" only, never which version wrote which; the caller
    decides the order at random, per turn, so a judge that favours a position favours neither
    version.
-2. The answer is schema-constrained JSON (`{"better": "1" | "2" | "tie"}`) at temperature 0;
-   anything else is a `PolicyError`, and the turn is left out rather than guessed.
+2. The answer is constrained to one of `1`, `2` or `tie` (vLLM's structured outputs: a choice,
+   which, unlike a JSON schema, leaves no room for padding) at temperature 0; anything else is
+   a `PolicyError`, and the turn is left out rather than guessed.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from agents.errors import PolicyError
@@ -21,21 +21,11 @@ from memory.records import SamplingSettings
 COMPARE_SYSTEM = (
     "You compare two replies to the same conversation. Decide which reply continues it "
     "better: correct, helpful and on task, with the right tool call where one is needed. If "
-    "neither is better, say tie. Reply as JSON."
+    "neither is better, say tie. Reply 1, 2 or tie."
 )
 CONVERSATION_CHARS = 2000  # the end of the conversation is kept
 REPLY_CHARS = 1000
-CHOICE_FORMAT: dict[str, Any] = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "choice",
-        "schema": {
-            "type": "object",
-            "properties": {"better": {"type": "string", "enum": ["1", "2", "tie"]}},
-            "required": ["better"],
-        },
-    },
-}
+CHOICES = ("1", "2", "tie")
 
 
 async def compare(judge: Endpoint, messages: list[dict[str, Any]], first: str, second: str) -> int:
@@ -50,13 +40,10 @@ async def compare(judge: Endpoint, messages: list[dict[str, Any]], first: str, s
         {"role": "user", "content": prompt},
     ]
     sample = await judge.client.sample(
-        judge.model, messages, SamplingSettings(temperature=0.0, max_tokens=16),
-        response_format=CHOICE_FORMAT,
+        judge.model, messages, SamplingSettings(temperature=0.0, max_tokens=4),
+        extra_body={"structured_outputs": {"choice": list(CHOICES)}},
     )  # fmt: skip
-    try:
-        better = json.loads(sample.text)["better"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PolicyError(f"the judge's reply is not a choice: {sample.text[:80]!r}") from exc
-    if better not in ("1", "2", "tie"):
-        raise PolicyError(f"the judge chose {better!r}, not 1, 2 or tie")
+    better = sample.text.strip().lower()
+    if better not in CHOICES:
+        raise PolicyError(f"the judge chose {sample.text[:40]!r}, not 1, 2 or tie")
     return {"1": 1, "2": -1, "tie": 0}[better]

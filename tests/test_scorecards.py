@@ -50,7 +50,8 @@ def server(seen: list[dict]):
         shown = body["messages"][-1]["content"]
         first = re.search(r"Reply 1:\n(.*)\n\nReply 2", shown, re.S)
         better = "1" if first and first.group(1) == REPLIES["candidate"] else "2"
-        return httpx.Response(200, json=completion(json.dumps({"better": better}), [5]))
+        assert body["structured_outputs"] == {"choice": ["1", "2", "tie"]}
+        return httpx.Response(200, json=completion(better, [5]))
 
     return handle
 
@@ -167,3 +168,34 @@ def test_an_evaluation_that_fails_ends_the_stage_in_one_line(spec: str, error: s
 
     with pytest.raises((FlowError, VerifierError), match=re.escape(error)):
         anyio.run(scorecards.user_card, spec, "http://models:8000", "policy-r1", "policy")
+
+
+@pytest.mark.vllm
+def test_held_out_sessions_are_judged_on_a_real_server(
+    tiny_server: str, tiny_model_path, tmp_path
+) -> None:
+    """Two held-out sessions captured from the real server: both versions continue each logged
+    prompt there, the serving version judges (no reviewer) with schema-constrained JSON, and
+    the scorecard counts the sessions it decided."""
+    from flows.settings import RunSettings
+    from memory import store
+    from serving import capture
+
+    engine = store.open_store(f"sqlite:///{tmp_path / 'held.db'}")
+    name = tiny_model_path.name
+    with store.transaction(engine) as session:
+        for number in (1, 2):
+            body = {"model": name, "messages": [{"role": "user", "content": f"add {number} and 2"}],
+                    "max_tokens": 8, "temperature": 0.0}  # fmt: skip
+            capture.prepare_request(body)
+            response = httpx.post(f"{tiny_server}/v1/chat/completions", json=body, timeout=120)
+            tagged = {"session": f"k:s{number}", "task": "k:sum", "held_out": True}
+            group = capture.captured_group(body, response.raise_for_status().json(), f"c{number}",
+                                           tagged)  # fmt: skip
+            assert group is not None
+            store.save_group(session, group)
+    settings = RunSettings(db_url=str(engine.url))
+    card = anyio.run(scorecards.sessions_card, settings, tiny_server, name, name)
+    assert card.figure == "win margin" and card.against == name
+    assert card.evaluation.endswith(f"judged blind by {name}")
+    assert card.n == 2 and -1.0 <= card.low <= card.value <= card.high <= 1.0

@@ -27,6 +27,7 @@ FLAGGED = (
     "taskset",
     "source",
     "judge",
+    "siblings",
     "evaluation",
     "gate.held_out_share",
     "temperature",

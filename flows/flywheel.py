@@ -16,8 +16,9 @@
 5. The continuous loop (`serve_rounds`) splits a round across two deployments: `collect_batch`
    gathers a fresh batch for the next round on an interval, and `train_when_ready` trains,
    swaps, evaluates and promotes once that round has enough complete groups. With `source`
-   captured or mixed, each training check first adopts the rated episode groups of captured
-   agent traffic into the round (`memory.sessions`); with captured alone nothing is generated,
+   captured or mixed, each training check first samples siblings for sessions whose task was
+   met once (`flows.siblings`), then adopts the rated episode groups of captured agent traffic
+   into the round (`memory.sessions`); with captured alone nothing is generated,
    and a version is judged on the agent's own held-out work alone, never on the task set's
    (`flows.scorecards`).
 """
@@ -34,7 +35,7 @@ from prefect import flow, get_run_logger, serve
 from prefect.deployments import run_deployment
 from prefect.deployments.runner import RunnerDeployment
 
-from flows import evaluation, rounds, stages
+from flows import evaluation, rounds, siblings, stages
 from flows.settings import RunSettings
 from memory import sessions, store, workqueue
 from reports.summary import FailedTask, RoundSummary, RunSummary
@@ -154,6 +155,8 @@ async def train_when_ready(
             settings, server_url, base_name, Path(base_model_path), clock.seconds
         )
     ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
+    if settings.source != "generated" and settings.siblings:
+        await siblings.grow(settings, server_url, ctx.current.name)
     if settings.source != "generated" and settings.judge:
         await stages.judge_captured(settings)
     with store.transaction(store.shared_engine(settings.db_url)) as session:

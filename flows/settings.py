@@ -49,6 +49,11 @@ class RunSettings(BaseModel):
         description="score captured episodes that have no feedback by the reviewer ranking "
         "the episodes of a task against each other (RULER); needs a reviewer",
     )
+    siblings: bool = Field(
+        True,
+        description="a captured session whose task was met once gets group_size - 1 siblings "
+        "sampled from its last turn, scored as it was (its verifier's reference, or the judge)",
+    )
     evaluation: str | None = Field(
         None,
         description="your evaluation of your agent, module:function, called as function(base_url, "

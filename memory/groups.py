@@ -140,12 +140,18 @@ def record_feedback(
     _score(session, group, score, reason)
 
 
-def record_session_feedback(session: Session, session_id: str, score: float, reason: str) -> int:
-    """Score every captured turn of a session (the episode's reward); the number of turns."""
+def record_session_feedback(
+    session: Session, session_id: str, score: float, reason: str, reference: str | None = None
+) -> int:
+    """Score every captured turn of a session (the episode's reward), keeping the `reference`
+    the verifier scored it against, if any (its siblings are verified against it too); the
+    number of turns."""
     groups = session.scalars(captured_turns(session_id)).all()
     if not groups:
         raise NotFound(f"unknown session {session_id!r}")
     for group in groups:
+        if reference is not None:
+            group.plan = {**(group.plan or {}), "reference": reference}
         if group.attempts:
             _score(session, group, score, reason)
     return len(groups)

@@ -23,12 +23,17 @@ and the episodes of one task grouped for training.
 4. A round adopts the groups (`adopt`): each is stored as a train group of that round (its plan
    names the sessions, so lineage reaches from a version to the traffic that trained it), and
    its sessions' turns are marked with the round, so no episode is trained twice.
-5. `forget` deletes a session: its captured turns, and any train group that adopted it.
+5. A session whose task was met once never forms a group on its own: `lone_sessions` finds
+   them, and `add_siblings` stores the siblings a round samples from its last turn's logged
+   prefix (`flows.siblings`) as sessions of the same task, tied to it.
+6. `forget` deletes a session: its captured turns, its siblings, and any train group that
+   adopted it.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import uuid
+from collections import Counter, defaultdict
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -47,6 +52,8 @@ def stitch(turns: list[Attempt]) -> Attempt | str:
     """The turns as one episode attempt, or why they cannot be one."""
     if not turns or any(t.sample is None for t in turns):
         return "a turn has no sample"
+    if len(turns) == 1 and turns[0].turns > 1:  # stored stitched already: a sibling
+        return turns[0]
     first = turns[0].sample
     assert first is not None
     completion: list[int] = []
@@ -160,6 +167,50 @@ def held_out_turns(session: Session, limit: int) -> dict[str, list[Attempt]]:
     return {sid: turns for sid, turns in found.items() if turns}
 
 
+def lone_sessions(session: Session, min_episodes: int = 2) -> dict[str, list[Group]]:
+    """Sessions that would never form a group: their task was met by fewer than `min_episodes`
+    sessions (a session with no task tag is a task of its own). Only those a round may still
+    train on: not held out, not adopted, stitched, with no siblings yet and none of their own."""
+    by_session = session_turns(session)
+    met = Counter(str(t[0].plan["task"]) for t in by_session.values() if t[0].plan.get("task"))
+    lone = {}
+    for sid, turns in by_session.items():
+        plan = turns[0].plan
+        taken = any("round" in g.plan for g in turns) or plan.get("held_out")
+        if taken or "siblings" in plan or "sibling_of" in plan:
+            continue
+        if plan.get("task") and met[str(plan["task"])] >= min_episodes:
+            continue
+        if isinstance(stitch_turns(turns), Attempt):
+            lone[sid] = turns
+    return lone
+
+
+def add_siblings(session: Session, sid: str, siblings: list[Attempt]) -> list[str]:
+    """Store `siblings` (episodes: the session's turns with its last answer sampled again) as
+    sessions of their own, tied to `sid` (`sibling_of`, so lineage reaches the session) and
+    filed under its task (the session's own name when it had none); `sid` is marked, so it gets
+    siblings once. Returns the siblings' session names."""
+    rows = list(session.scalars(captured_turns(sid)))
+    plan = dict(rows[0].plan or {})
+    task = plan.get("task") or sid
+    for row in rows:
+        row.plan = {**(row.plan or {}), "task": task, "siblings": len(siblings)}
+    names = []
+    for number, episode in enumerate(siblings, 1):
+        name = f"{sid}~{number}"[:200]
+        group = Group(
+            round_index=0, purpose="capture", task_id=f"capture:{uuid.uuid4().hex}",
+            taskset=CAPTURED, question=rows[0].question, policy_version=episode.policy_version,
+            size=1, attempts=[episode.model_copy(update={"sample_index": 0})],
+            plan={"session": name, "task": task, "owner": plan.get("owner"), "sibling_of": sid},
+        )  # fmt: skip
+        save_group(session, group)
+        names.append(name)
+    session.flush()
+    return names
+
+
 def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
     attempts = [e.model_copy(update={"sample_index": i}) for i, (_, e, _) in enumerate(found)]
     return Group(
@@ -203,18 +254,28 @@ def adopt(
 
 
 def forget(session: Session, session_id: str) -> tuple[int, int]:
-    """Delete a session's captured turns and the train groups that adopted it; how many of
-    each. `NotFound` when there is neither."""
+    """Delete a session's captured turns, its siblings, and the train groups that adopted it or
+    them; how many turns and groups. `NotFound` when there is neither."""
     turns = [row.id for row in session.scalars(captured_turns(session_id))]
+    siblings = select(RolloutGroupRow).where(
+        RolloutGroupRow.purpose == "capture",
+        RolloutGroupRow.plan["sibling_of"].as_string() == session_id,
+    )
+    turns += [row.id for row in session.scalars(siblings)]
     adopted_by = select(RolloutGroupRow).where(
         RolloutGroupRow.purpose == "train", RolloutGroupRow.taskset == CAPTURED
     )
     adopted = [
         row.id
         for row in session.scalars(adopted_by)
-        if session_id in (row.plan or {}).get("sessions", [])
+        if any(_of(name, session_id) for name in (row.plan or {}).get("sessions", []))
     ]
     if not turns and not adopted:
         raise NotFound(f"unknown session {session_id!r}")
     session.execute(delete(RolloutGroupRow).where(RolloutGroupRow.id.in_(turns + adopted)))
     return len(turns), len(adopted)
+
+
+def _of(name: str, session_id: str) -> bool:
+    """Whether a session name is `session_id` or one of its siblings."""
+    return name == session_id or name.startswith(f"{session_id}~")

@@ -404,7 +404,9 @@ def _save_feedback(engine: Engine, body: FeedbackRequest, owner: str) -> int:
     assert body.score is not None
     with store.transaction(engine) as session:
         if body.session is not None:
-            return store.record_session_feedback(session, body.session, body.score, body.reason)
+            return store.record_session_feedback(
+                session, body.session, body.score, body.reason, body.reference
+            )
         assert body.id is not None
         store.record_feedback(session, body.id, body.score, body.reason, owner)
         return 1

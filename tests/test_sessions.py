@@ -388,3 +388,95 @@ def test_a_held_out_session_judges_versions_and_never_trains(capturing) -> None:
     assert set(judged) == kept and all(len(turns) == 2 for turns in judged.values())
     assert all(t.sample and t.sample.prompt_token_ids for turns in judged.values() for t in turns)
     assert sum(len(turns) for turns in few.values()) == 3
+
+
+def completions_server(texts: list[str], seen: list[dict]):
+    """A completions endpoint that continues any prompt ids with the next of `texts`."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        text = texts[(len(seen) - 1) % len(texts)]
+        ids = [*map(ord, text), END]
+        logprobs = {"token_logprobs": [-0.3] * len(ids), "tokens": ["x"] * len(ids),
+                    "text_offset": [0] * len(ids), "top_logprobs": [None] * len(ids)}  # fmt: skip
+        choice = {"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+                  "logprobs": logprobs}  # fmt: skip
+        reply = {"id": "c", "object": "text_completion", "created": 0, "model": body["model"]}
+        return httpx.Response(200, json=reply | {"choices": [choice]})
+
+    return handle
+
+
+def test_a_task_met_once_gets_siblings_from_its_last_turn_scored_as_it_was(capturing) -> None:
+    import anyio
+
+    from flows import siblings
+    from flows.settings import RunSettings
+    from memory.sessions import adopt, forget, stitch_turns
+
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        converse(client, {"X-Flywheel-Session": "once", "X-Flywheel-Task": "sum"})  # says "5"
+        converse(client, {"X-Flywheel-Session": "by-hand"})  # a person's score: no siblings
+        converse(client, {"X-Flywheel-Session": "unscored"})  # nothing to score siblings by
+        client.post("/v1/feedback", json={"session": "once", "reference": "5"}).raise_for_status()
+        client.post("/v1/feedback", json={"session": "by-hand", "score": 1}).raise_for_status()
+    with store.transaction(engine) as session:
+        assert episode_groups(session) == []  # met once: no group
+        (original,) = [
+            stitch_turns(t) for s, t in session_turns(session).items() if s == mine("once")
+        ]
+    seen: list[dict] = []
+    settings = RunSettings(db_url=str(engine.url), source="captured", group_size=4)
+    policy = Endpoint(client_for(completions_server(["5", "7"], seen)), "v1")
+    assert anyio.run(siblings.grow_with, settings, policy) == 3
+    assert anyio.run(siblings.grow_with, settings, policy) == 0  # once per session
+    last_prompt = original.sample.prompt_token_ids + original.sample.completion_token_ids
+    answered = original.sample.completion_token_ids[: -len("5") - 1]
+    assert all(body["prompt"] == last_prompt[: len(body["prompt"])] for body in seen)
+    assert [len(b["prompt"]) for b in seen] == [
+        len(original.sample.prompt_token_ids) + len(answered)
+    ] * 3
+    with store.transaction(engine) as session:
+        (group,) = adopt(session, round_index=1, policy_version="v1")
+    assert group.plan["sessions"] == [mine("once"), *(f"{mine('once')}~{k}" for k in (1, 2, 3))]
+    assert [a.reward for a in group.attempts] == [0.5, 0.5, 0.0, 0.5]  # the same verifier
+    assert {a.reason for a in group.attempts[1:]} == {
+        "verified: correct, last number (untagged)",
+        "verified: wrong answer, last number (untagged)",
+    } or len({a.reason for a in group.attempts[1:]}) == 2
+    for sibling in group.attempts[1:]:  # the session's turns, then its own last answer
+        assert sibling.forced_spans == original.forced_spans and sibling.turns == 2
+        assert sibling.sample.completion_token_ids[: len(answered)] == answered
+    with store.transaction(engine) as session:
+        assert forget(session, mine("once")) == (2 + 3, 1)  # its turns, its siblings, the group
+        assert set(session_turns(session)) == {mine("by-hand"), mine("unscored")}
+
+
+def test_an_unrated_session_met_once_is_judged_with_its_siblings(capturing, monkeypatch) -> None:
+    import anyio
+
+    from flows import siblings, stages
+    from flows.settings import RunSettings
+    from memory.sessions import adopt
+
+    client, engine = capturing()
+    with client:
+        converse(client, {"X-Flywheel-Session": "alone"})  # no task tag: a task of its own
+    settings = RunSettings(
+        db_url=str(engine.url), source="captured", judge=True, group_size=3,
+        reviewer_url="http://judge", reviewer_model="judge-model",
+    )  # fmt: skip
+    policy = Endpoint(client_for(completions_server(["6", "5"], [])), "v1")
+    assert anyio.run(siblings.grow_with, settings, policy) == 2
+    judged: list[dict] = []
+    judge = judge_client('{"scores": [0.2, 0.9, 0.4]}', judged)
+    monkeypatch.setattr(stages, "reviewer_endpoint", lambda _: judge)
+    assert anyio.run(stages.judge_captured, settings) == 3  # one ranking of all three
+    (asked,) = judged
+    assert asked["messages"][-1]["content"].count("Attempt ") == 3
+    with store.transaction(engine) as session:
+        (group,) = adopt(session, round_index=1, policy_version="v1")
+    assert group.task_id == f"task:{mine('alone')}"
+    assert [a.reward for a in group.attempts] == [0.2, 0.9, 0.4]

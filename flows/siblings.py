@@ -1,0 +1,116 @@
+"""Groups from single sessions: an agent that meets each task once still gives groups to learn
+from.
+
+1. Which sessions: those whose task was met by fewer than two sessions
+   (`memory.sessions.lone_sessions`); a session with no task tag is a task of its own.
+2. Which turn: the last one only. Its logged prompt ids hold every earlier turn and every tool
+   result as they happened, so `group_size - 1` siblings sampled there by the serving version
+   continue the very context the session's own answer had, and each is a whole episode (the
+   session's earlier turns, then its own last answer). An earlier turn would need the tool
+   results its sibling's own calls would have got; the logged ones fit only a sibling that
+   calls the same tools with the same arguments, so earlier turns get no siblings.
+3. Scored by the session's own reward source, so a group never mixes two: where the session was
+   verified against a reference (`/v1/feedback {session, reference}`), each sibling is
+   verified against the same reference by the task set's verifier; where it is unrated and
+   the judge is on, the judge ranks it and its siblings together (`stages.judge_captured`). A
+   session a person scored by hand gets none: nothing can score its siblings as that person
+   would.
+4. Siblings are sampled at the session's temperature (1.0 where it was greedy, which would
+   repeat the answer) and stored as sessions of the same task tied to it (`sibling_of`), so
+   `flywheel lineage` and `forget` reach them. A server that fails raises, and the siblings of
+   that session are not stored.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agents.policy import Endpoint, PolicyClient
+from flows.settings import RunSettings
+from memory import sessions, store
+from memory.records import UNRATED, Attempt, Group, SamplingSettings
+from serving import capture
+from verifiers.catalog import averify
+from verifiers.errors import TaskFault
+
+log = logging.getLogger(__name__)
+REPLY_TOKENS = 256  # a turn logged without max_tokens gets at most this many
+MOST_REPLY_TOKENS = 1024
+
+
+async def grow(settings: RunSettings, server_url: str, version: str) -> int:
+    """Siblings for every lone session that can be scored as it was, sampled by `version`; how
+    many were stored."""
+    policy = PolicyClient(server_url)
+    try:
+        return await grow_with(settings, Endpoint(policy, version))
+    finally:
+        await policy.aclose()
+
+
+async def grow_with(settings: RunSettings, policy: Endpoint) -> int:
+    """`grow`, sampling with `policy`."""
+    db = store.shared_engine(settings.db_url)
+    with store.transaction(db) as session:
+        lone = sessions.lone_sessions(session)
+    grown = 0
+    for sid, turns in lone.items():
+        reference = _reference(turns, settings)
+        if reference is None and not _judged(turns, settings):
+            continue
+        drawn = [await _sibling(policy, turns) for _ in range(settings.group_size - 1)]
+        scores = []
+        if reference is not None:
+            scores = [await _verified(settings, turns, answer, reference) for _, answer in drawn]
+        with store.transaction(db) as session:
+            names = sessions.add_siblings(session, sid, [episode for episode, _ in drawn])
+            for name, (score, reason) in zip(names, scores, strict=False):
+                store.record_session_feedback(session, name, score, reason, reference)
+        grown += len(names)
+    if grown:
+        log.info("%d siblings sampled for %d lone sessions", grown, len(lone))
+    return grown
+
+
+def _reference(turns: list[Group], settings: RunSettings) -> str | None:
+    """The reference a session was verified against, where the task set can verify again."""
+    reference = turns[-1].plan.get("reference")
+    return str(reference) if reference is not None and settings.taskset else None
+
+
+def _judged(turns: list[Group], settings: RunSettings) -> bool:
+    """Whether the judge will score the session, and so its siblings beside it."""
+    return settings.judge and turns[-1].attempts[0].reason == UNRATED
+
+
+async def _sibling(policy: Endpoint, turns: list[Group]) -> tuple[Attempt, str]:
+    """The session with its last answer sampled again by `policy` from the logged prefix, and
+    that answer."""
+    last = turns[-1].attempts[0]
+    assert last.sample is not None
+    logged = last.sampling
+    wanted = min(logged.max_tokens or REPLY_TOKENS, MOST_REPLY_TOKENS)
+    sampling = SamplingSettings(
+        temperature=logged.temperature or 1.0, top_p=logged.top_p, max_tokens=wanted
+    )
+    sample = await policy.client.complete_ids(policy.model, last.sample.prompt_token_ids, sampling)
+    again = last.model_copy(update={
+        "sample": sample, "policy_version": policy.model, "reward": 0.0, "correct": False,
+        "format_ok": False, "answer": None, "reason": UNRATED, "sampling": sampling,
+    })  # fmt: skip
+    episode = sessions.stitch([g.attempts[0] for g in turns[:-1]] + [again])
+    assert isinstance(episode, Attempt), episode  # the session stitched, and only its end moved
+    return episode, sample.text
+
+
+async def _verified(
+    settings: RunSettings, turns: list[Group], answer: str, reference: str
+) -> tuple[float, str]:
+    """The verifier's score of a sibling's last answer against the session's reference (0,
+    with the fault as the reason, where the task set's own code fails on it)."""
+    task = capture.reference_task(settings.taskset, turns[0].question, reference)
+    try:
+        verdict = await averify(task, answer)
+    except TaskFault as fault:
+        return 0.0, f"the verifier could not score this answer: {fault}"
+    return verdict.reward, f"verified: {verdict.reason}"

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from agents.watchdog import Watchdog, WatchdogSettings
 from memory.records import Sample, SamplingSettings
 
 CONNECT_TIMEOUT_S = 10.0
+SERVER_KEY_ENV = "FLYWHEEL_SERVER_KEY"  # the model servers' own key, as `serving.access` reads it
 RETRY_DELAYS_S = (0.5, 2.0)
 # Statuses that say nothing about the request itself: the server, its model or our access.
 UNAVAILABLE = frozenset({401, 403, 404, 408, 429})
@@ -56,15 +58,18 @@ class PolicyClient:
     def __init__(
         self,
         base_url: str,
-        api_key: str = "EMPTY",
+        api_key: str | None = None,
         watchdog: WatchdogSettings | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
+        """`api_key`: by default the model servers' own key (`serving.access`), if set."""
         self._root = base_url.rstrip("/")
         settings = watchdog or WatchdogSettings()
+        api_key = api_key or os.environ.get(SERVER_KEY_ENV) or "EMPTY"
         self._http = http_client or httpx.AsyncClient(
             timeout=httpx.Timeout(settings.ceiling_s, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+            headers={"Authorization": f"Bearer {api_key}"},  # the watchdog's probes too
         )
         self.watchdog = Watchdog(self._http, self._root, settings)
         self._tokenized: dict[str, list[int]] = {}

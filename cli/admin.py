@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from cli.arguments import db_url, keys, model_folder
@@ -24,6 +25,7 @@ def serve_model(args: argparse.Namespace) -> int:
         port=args.port,
         weights=args.weights,
         log_path=args.workdir / "logs" / f"vllm-{args.port}.log",
+        api_key=_server_key(args.workdir),
     )
     stop = threading.Event()
     with VllmServer(settings) as server:
@@ -33,6 +35,27 @@ def serve_model(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             stop.set()
     return 0
+
+
+def _server_key(workdir: Path) -> str:
+    """The model server's own key: FLYWHEEL_SERVER_KEY, else a new one kept (readable by this
+    user alone) in WORKDIR/server.key, for the workers and gateways that will call it."""
+    from serving.access import ENV, key
+
+    found = key()
+    if found is not None:
+        return found
+    import secrets
+
+    made = secrets.token_urlsafe(32)
+    path = workdir / "server.key"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(made + "\n", encoding="utf-8")
+    print(f"model server key in {path}: export {ENV}=$(cat {path}) for its clients",
+          file=sys.stderr)  # fmt: skip
+    return made
 
 
 def gateway(args: argparse.Namespace) -> int:

@@ -68,7 +68,10 @@ def _server_settings(
 ) -> tuple[Any, Any]:
     """The policy's server settings, on every core, and the reviewer's beside it (each on
     cores of its own, `serving.server.side_by_side`) when there is one."""
+    from serving.access import ensure_key
     from serving.server import ServerSettings, all_cores, side_by_side
+
+    key = ensure_key()  # the servers' own; every process this one starts inherits it
 
     def settings(folder: Path, port: int, log_name: str) -> ServerSettings:
         return ServerSettings(
@@ -78,6 +81,7 @@ def _server_settings(
             port=port,
             weights=weights,
             log_path=args.workdir / "logs" / log_name,
+            api_key=key,
         )
 
     policy = settings(model_path, args.port, "vllm.log")

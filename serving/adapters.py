@@ -18,7 +18,7 @@ import httpx
 from safetensors import safe_open
 
 from memory import folders
-from serving import probe
+from serving import access, probe
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def _adapter_modules(path: Path) -> set[str]:
 
 def loaded_models(url: str) -> list[str]:
     """The model names `url` serves; `ServingError` for an answer that is not a model list."""
-    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
+    with httpx.Client(base_url=url, timeout=TIMEOUT_S, headers=access.headers()) as client:
         response = client.get("/v1/models")
         response.raise_for_status()
     try:
@@ -116,7 +116,7 @@ def load_adapter(url: str, name: str, path: Path) -> None:
     if name in loaded_models(url):
         raise ServingError(f"adapter name {name!r} is already loaded; names must be new")
     body = {"lora_name": name, "lora_path": str(path.resolve())}
-    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
+    with httpx.Client(base_url=url, timeout=TIMEOUT_S, headers=access.headers()) as client:
         try:
             response = client.post("/v1/load_lora_adapter", json=body)
         except httpx.TransportError:
@@ -142,7 +142,7 @@ def ensure_loaded(url: str, name: str, path: Path) -> bool:
 
 
 def unload_adapter(url: str, name: str) -> None:
-    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
+    with httpx.Client(base_url=url, timeout=TIMEOUT_S, headers=access.headers()) as client:
         response = client.post("/v1/unload_lora_adapter", json={"lora_name": name})
     if response.status_code != 200:
         raise ServingError(f"could not unload {name!r} ({response.status_code})")

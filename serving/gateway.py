@@ -40,7 +40,7 @@ from sqlalchemy import Engine
 
 from memory import store
 from memory.errors import NotFound
-from serving import capture
+from serving import access, capture
 from serving.errors import ServingError, UpstreamError
 from serving.limits import Limited
 from serving.router import GatewaySettings, NoUpstream, Router
@@ -92,6 +92,7 @@ def create_app(
     """The gateway app; `transport` replaces the network to the upstreams (tests)."""
     client = httpx.AsyncClient(
         timeout=settings.timeout_s,
+        headers=access.headers(),  # the model servers' own key: callers' keys never go upstream
         limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
         transport=transport,
     )

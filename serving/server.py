@@ -70,6 +70,7 @@ class ServerSettings(BaseModel):
     tool_parser: str | None = "hermes"  # how `<tool_call>` blocks become OpenAI tool_calls
     cpus: str | None = None  # cores its compute threads are pinned to, e.g. "0" or "2-3"
     block_size: int | None = None  # KV-cache block in tokens; None: vLLM's own (128 on CPU)
+    api_key: str | None = None  # its own key (`serving.access`); None: /v1 is open
     startup_timeout_s: float = 300.0
     probe_timeout_s: float = 15.0
     log_path: Path = Path(".flywheel/logs/vllm.log")
@@ -149,7 +150,7 @@ class VllmServer:
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
-        with httpx.Client(base_url=self.url, timeout=30.0) as client:
+        with httpx.Client(base_url=self.url, timeout=30.0, headers=self._headers()) as client:
             while time.monotonic() < deadline:
                 if self._closing.is_set():
                     raise ServingError(f"the model server on {self.url} is closing")
@@ -168,7 +169,8 @@ class VllmServer:
         """The process runs and a 1-token generation succeeds within the probe deadline."""
         if self._process is None or self._process.poll() is not None:
             return False
-        with httpx.Client(base_url=self.url, timeout=self.settings.probe_timeout_s) as client:
+        timeout = self.settings.probe_timeout_s
+        with httpx.Client(base_url=self.url, timeout=timeout, headers=self._headers()) as client:
             if generates(client, self.settings.served_name):
                 self._generated, self._cpu = generated_tokens(client), self._cpu_now()
                 return True
@@ -305,8 +307,15 @@ class VllmServer:
             str(s.max_loras),
         ]
 
+    def _headers(self) -> dict[str, str]:
+        key = self.settings.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop("VLLM_API_KEY", None)
+        if self.settings.api_key:  # by environment: a command line is readable by anyone here
+            env["VLLM_API_KEY"] = self.settings.api_key
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.kv_cache_gib))
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.settings.weights == "merged":  # in-place reload; the server is bound to loopback

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from safetensors import safe_open
 
 from memory import folders
+from serving import access
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def swap(url: str, model: str, folder: Path, version: str, tolerance: float) -> 
     without a reference, the base model's own, is proved by a generation only)."""
     started = time.monotonic()
     expected = references(folder) if (folder / folders.REFERENCE).is_file() else []
-    with httpx.Client(base_url=url, timeout=RELOAD_TIMEOUT_S) as client:
+    with httpx.Client(base_url=url, timeout=RELOAD_TIMEOUT_S, headers=access.headers()) as client:
         _post(client, "/pause", params={"mode": "wait"})
         try:
             body = {

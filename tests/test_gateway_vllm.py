@@ -356,3 +356,52 @@ def test_a_served_name_is_never_registered_again_with_other_weights(
         assert swapped.status_code == 400 and "a new folder needs a new name" in swapped.text
         state = admin.get("/admin/state").json()
     assert state["versions"] == ["v-served"]
+
+
+def test_a_model_server_with_its_own_key_is_reached_only_through_the_flywheel(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers /v1 only with its key, which it got by environment (not on its
+    command line); the flywheel's clients (the policy client, adapter loads, the readiness
+    probe, the gateway's proxy) all carry it, and a caller's own key never reaches it."""
+    import anyio
+
+    from agents.policy import PolicyClient
+    from memory.records import SamplingSettings
+    from serving.access import ENV
+    from serving.adapters import ensure_loaded
+    from workers.readiness import Readiness
+
+    monkeypatch.delenv(ENV, raising=False)
+    with tiny_vllm(tiny_model_path, tmp_path, api_key="server-secret") as server:
+        chat = {"model": tiny_model_path.name, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}  # fmt: skip
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=chat).status_code == 401
+        wrong = {"Authorization": "Bearer user-key"}
+        assert httpx.get(f"{server.url}/v1/models", headers=wrong).status_code == 401
+        cmdline = Path(f"/proc/{server._process.pid}/cmdline").read_bytes()
+        assert b"server-secret" not in cmdline
+        assert server.alive()  # its own probes carry the key
+        monkeypatch.setenv(ENV, "server-secret")
+        sampling = SamplingSettings(temperature=0.0, max_tokens=2)
+
+        async def sample() -> str:
+            client = PolicyClient(server.url)
+            try:
+                return (await client.sample(tiny_model_path.name, chat["messages"], sampling)).text
+            finally:
+                await client.aclose()
+
+        assert isinstance(anyio.run(sample), str)
+        adapter = chaos.random_adapter(tiny_model_path, tmp_path / "adapters", "policy-r1-key")
+        ensure_loaded(server.url, "policy-r1-key", adapter)
+        engine = store.open_store(f"sqlite:///{tmp_path / 'key.db'}")
+        seed_promoted(engine, tiny_model_path.name)
+        ready = Readiness(engine, server.url, outage_s=30)
+        anyio.run(ready.ensure, "policy-r1-key")
+        settings = keyed_settings([server.url], tiny_model_path, tmp_path / "adapters")
+        with running(create_app(settings, engine), port=free_port()) as url:
+            body = {**chat, "model": "policy"}
+            reply = httpx.post(f"{url}/v1/chat/completions", json=body, headers=USER, timeout=60)
+        assert reply.status_code == 200 and reply.json()["model"] == tiny_model_path.name

@@ -30,7 +30,7 @@ from agents.errors import ServerUnavailable
 from memory import store
 from memory.errors import StoreError
 from memory.records import PolicyVersion
-from serving import adapters, probe, weights
+from serving import access, adapters, probe, weights
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,9 @@ class Readiness:
         return reason
 
     def _check_named(self, model: str) -> str | None:
-        with httpx.Client(base_url=self.server_url, timeout=PROBE_TIMEOUT_S) as client:
+        with httpx.Client(
+            base_url=self.server_url, timeout=PROBE_TIMEOUT_S, headers=access.headers()
+        ) as client:
             found = probe.generation(client, model)
             if not found.ok and found.status == 404 and self._restore_adapter(model):
                 found = probe.generation(client, model)
@@ -118,7 +120,9 @@ class Readiness:
             if (failure := self._swap_to(model, served)) is not None:
                 return failure
         self._served[model] = served
-        with httpx.Client(base_url=self.server_url, timeout=PROBE_TIMEOUT_S) as client:
+        with httpx.Client(
+            base_url=self.server_url, timeout=PROBE_TIMEOUT_S, headers=access.headers()
+        ) as client:
             found = probe.generation(client, served)
         return None if found.ok else found.reason
 

@@ -5,8 +5,8 @@
      `min_gain`;
    - a margin over the serving version (the agent's held-out sessions judged blind, or the
      user's own evaluation, `memory.records.Scorecard`): the lower end of its 95% interval is
-     above zero and the margin is at least `min_gain`, against the version serving now (a
-     margin over another version is stale).
+     above `min_gain` (0: the candidate is better at 95%; -1 opens the gate), against the
+     version serving now (a margin over another version is stale).
    A candidate nothing judged is refused. A refusal is recorded too, with its reason.
 2. Rollback un-promotes the serving version; the previous promoted version serves again.
 3. Every decision is an `AliasEvent` in the store, written in the caller's transaction.
@@ -120,6 +120,6 @@ def _refusal(version: PolicyVersion, serving: PolicyVersion | None, gate: Gate) 
 def _margin_refusal(card: Scorecard, serving: str, gate: Gate) -> str | None:
     if card.against != serving:
         return f"its {card.figure} is over {card.against}, but {serving} serves now"
-    if card.low <= 0.0 or card.value < gate.min_gain:
-        return f"{card.line()} is not above zero at 95% (and at least {gate.min_gain})"
+    if card.low <= gate.min_gain and gate.min_gain > -1.0:  # -1: open, as no margin is lower
+        return f"{card.line()}: its 95% interval is not above {gate.min_gain}"
     return None

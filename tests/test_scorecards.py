@@ -112,8 +112,8 @@ def margin(low: float, value: float = 0.2, against: str = "serving") -> Scorecar
     ("card", "promoted", "reason"),
     [
         (margin(0.05), True, "passed the evaluation gate"),
-        (margin(-0.01), False, "is not above zero at 95%"),
-        (margin(0.0, value=0.0), False, "is not above zero at 95%"),  # a tie never promotes
+        (margin(-0.01), False, "its 95% interval is not above 0.0"),
+        (margin(0.0, value=0.0), False, "its 95% interval is not above 0.0"),  # a tie: never
         (margin(0.05, against="older"), False, "over older, but serving serves now"),
     ],
 )
@@ -126,6 +126,16 @@ def test_the_gate_promotes_a_margin_only_when_its_interval_is_above_zero(
         recorded = store.policy_version(session, "next").scorecards
     assert (event.action == "promote", reason in event.reason) == (promoted, True), event.reason
     assert recorded == [card]  # which evaluation judged it, with its n and interval
+
+
+def test_an_open_gate_lets_any_margin_through_and_a_higher_one_asks_more(engine) -> None:
+    versions(engine, [margin(-1.0, value=0.0)])  # no held-out session yet: all it can be
+    with store.transaction(engine) as session:
+        assert promotion.refusal(session, store.policy_version(session, "next"),
+                                 promotion.Gate(min_gain=-1.0)) is None  # fmt: skip
+        asked = promotion.refusal(session, store.policy_version(session, "next"),
+                                  promotion.Gate(min_gain=0.1))  # fmt: skip
+    assert asked is not None and "not above 0.1" in asked
 
 
 def test_a_version_judged_by_both_must_pass_both(engine) -> None:

@@ -2,9 +2,10 @@
 built-in task set.
 
 1. The user's evaluation (`evaluation = "module:function"`), when given: called as
-   `function(base_url, model)` for the candidate and for the serving version, both by name on
-   the model server. It runs the user's agent, unmodified, on their held-out tasks and returns
-   one score per task, in the same order both times. The scorecard is the mean paired
+   `function(base_url, model, api_key)` for the candidate and for the serving version, both by
+   name on the model server (`api_key`: the server's own, `serving.access`). It runs the
+   user's agent, unmodified, on their held-out tasks and returns one score per task, in the
+   same order both times. The scorecard is the mean paired
    difference (`score margin`), with Student's 95% interval over the tasks.
 2. Otherwise, held-out captured sessions (kept out of training when they arrived,
    `memory.sessions.held_out_turns`): at each logged assistant turn both versions continue the
@@ -39,6 +40,7 @@ from flows.stages import reviewer_endpoint
 from memory import sessions, store
 from memory.records import Attempt, SamplingSettings, Scorecard
 from reports.intervals import mean_interval
+from serving import access
 from verifiers import plugin
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,8 @@ async def agent_card(
 async def user_card(spec: str, server_url: str, candidate: str, serving: str) -> Scorecard:
     evaluate = plugin.function(spec, "evaluation")
     base_url = f"{server_url.rstrip('/')}/v1"
-    mine = await _scores(evaluate, spec, base_url, candidate)
-    theirs = await _scores(evaluate, spec, base_url, serving)
+    mine = await _scores(evaluate, spec, (base_url, candidate, access.key() or "EMPTY"))
+    theirs = await _scores(evaluate, spec, (base_url, serving, access.key() or "EMPTY"))
     if len(mine) != len(theirs) or len(mine) < 2:
         raise FlowError(
             f"evaluation {spec!r} gave {len(mine)} scores for {candidate} and {len(theirs)} for "
@@ -74,15 +76,17 @@ async def user_card(spec: str, server_url: str, candidate: str, serving: str) ->
 
 
 async def _scores(
-    evaluate: Callable[..., Any], spec: str, base_url: str, model: str
+    evaluate: Callable[..., Any], spec: str, call: tuple[str, str, str]
 ) -> list[float]:
-    """One score per held-out task from the user's evaluation; any failure of theirs (their
-    agent meeting a server that is down included) ends the stage in one line, never a score."""
+    """One score per held-out task from the user's evaluation, called with `call` (base URL,
+    model, key); any failure of theirs (their agent meeting a server that is down included)
+    ends the stage in one line, never a score."""
+    model = call[1]
     try:
         if inspect.iscoroutinefunction(evaluate):
-            found = await evaluate(base_url, model)
+            found = await evaluate(*call)
         else:
-            found = await anyio.to_thread.run_sync(evaluate, base_url, model)
+            found = await anyio.to_thread.run_sync(evaluate, *call)
         scores = [float(score) for score in found]
     except Exception as exc:  # noqa: BLE001 - the user's own code, reported in one line
         raise FlowError(

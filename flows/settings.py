@@ -56,10 +56,11 @@ class RunSettings(BaseModel):
     )
     evaluation: str | None = Field(
         None,
-        description="your evaluation of your agent, module:function, called as function(base_url, "
-        "model) for a candidate and for the serving version: it runs the agent on held-out tasks "
-        "and returns one score per task. Judges versions trained on captured traffic; without "
-        "it, held-out captured sessions are compared blind by the judge",
+        description="your evaluation of your agent, module:function, called as "
+        "function(base_url, model, api_key) for a candidate and for the serving version: it "
+        "runs the agent on held-out tasks and returns one score per task. Judges versions "
+        "trained on captured traffic; without it, held-out captured sessions are compared "
+        "blind by the judge",
     )
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR

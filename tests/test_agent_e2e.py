@@ -17,8 +17,9 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import Engine
 
-from examples.agent import solve
+from examples.agent import ADD, solve
 from memory import store
+from memory.records import Attempt
 from serving import capture
 from tests.helpers import start_serve
 
@@ -108,3 +109,83 @@ def _promoted_round(engine: Engine) -> str | None:
         rounds = store.training_rounds(session)
     done = [r.policy_out for r in rounds if r.status == "done"]
     return promoted.name if promoted is not None and promoted.name in done else None
+
+
+@pytest.mark.slow
+def test_a_streaming_tool_agent_is_stored_token_exactly_and_its_next_version_answers_it(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """`examples/agent.py` (streaming, a forced first tool call, tool results sent back) on the
+    real SmolLM2 behind `flywheel serve --source captured`, its model server behind a key of its
+    own. Each task is met once, so groups come from siblings of each session's last turn,
+    verified against the reference the agent sent; the round is judged by the agent's own
+    evaluation, and the version it promotes answers the agent next."""
+    from agents.policy import SERVER_KEY_ENV
+    from examples.agent import converse, tasks
+    from memory.sessions import episodes
+    from tests.conftest import tiny_vllm
+
+    with tiny_vllm(smollm2_path, tmp_path, api_key="server-key") as server:
+        judged = ["--evaluation", "tests.evaluations:served_by_name", "--held-out-share", "0"]
+        flags = ["--source", "captured", "--train-every", "3", "--min-groups", "2", *judged]
+        run = start_serve(
+            server.url, smollm2_path, tmp_path, flags,
+            env={"FLYWHEEL_API_KEYS": "user-key", SERVER_KEY_ENV: "server-key"},
+        )  # fmt: skip
+        served, engine = run.process, store.open_store(run.db)
+        gateway = f"http://127.0.0.1:{run.gateway_port}"
+        try:
+            _wait(served, run.log, "gateway", lambda: _answers(f"{gateway}/health"))
+            client = OpenAI(base_url=f"{gateway}/v1", api_key="user-key")
+            calls, sessions = 0, []
+            for task, question, expected in tasks(2, seed=5):
+                session = f"agent-{task}"
+                headers = {"X-Flywheel-Session": session, "X-Flywheel-Task": task}
+                calls += converse(client, question, headers, turns=2, first="required")[1]
+                reference = {"session": session, "reference": str(expected)}
+                httpx.post(
+                    f"{gateway}/v1/feedback", json=reference, headers=USER
+                ).raise_for_status()
+                sessions.append(capture.owned(capture.owner("user-key"), session))
+            assert calls >= 2  # every first turn called the tool, streamed
+            with store.transaction(engine) as session:
+                stitched = episodes(session)
+            for sid in sessions:
+                episode = stitched[sid]
+                assert isinstance(episode, Attempt) and episode.turns == 2, episode
+                assert _rendered(server.url, smollm2_path.name, episode)  # the server's own ids
+            trained = _wait(served, run.log, "promoted round", lambda: _promoted_round(engine), 900)
+            with store.transaction(engine) as session:
+                (round_record,) = store.lineage(session, trained)[:1]
+                groups = store.groups_by_id(session, round_record.group_ids)
+            assert sorted(len(g.attempts) for g in groups) == [4, 4]  # a session and 3 siblings
+            assert all(g.plan["sessions"][0] in sessions for g in groups)
+            reply = client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            )
+            assert reply.model == trained
+        finally:
+            os.killpg(served.pid, signal.SIGTERM)
+            served.wait(timeout=60)
+            pid_file = tmp_path / "prefect" / "server.pid"
+            if pid_file.exists():
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def _wait(served: Any, log: Path, what: str, check: Callable[[], Any], seconds: float = 400) -> Any:
+    deadline = time.monotonic() + seconds
+    while not (found := check()):
+        assert served.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no {what}:\n{log.read_text()[-3000:]}"
+        time.sleep(1)
+    return found
+
+
+def _rendered(server: str, model: str, episode: Attempt) -> bool:
+    """The stitched ids are where the server's own rendering of the transcript begins."""
+    assert episode.sample is not None
+    body = {"model": model, "messages": episode.messages, "add_generation_prompt": False,
+            "tools": [ADD]}  # fmt: skip
+    rendered = httpx.post(f"{server}/tokenize", json=body, timeout=60).json()["tokens"]
+    ids = episode.sample.prompt_token_ids + episode.sample.completion_token_ids
+    return bool(rendered[: len(ids)] == ids)

@@ -54,17 +54,18 @@ def held_out(count: int) -> list[tuple[str, str, int]]:
 
 
 def solve(
-    client: OpenAI, question: str, headers: dict[str, str], turns: int = 3, first: str = "auto",
-    model: str = "policy",
+    client: OpenAI, question: str, headers: dict[str, str], turns: int = 3,
+    first: str = "required", model: str = "policy",
 ) -> str:  # fmt: skip
     """Ask, run the tool calls the model makes, and return its final text. `first` is the first
-    request's `tool_choice` ("required" makes a small model call the tool at least once)."""
+    request's `tool_choice`: "required" (a small model answers sums in its head otherwise, and
+    wrongly), or "auto"."""
     return converse(client, question, headers, turns, first, model)[0]
 
 
 def converse(
-    client: OpenAI, question: str, headers: dict[str, str], turns: int = 3, first: str = "auto",
-    model: str = "policy",
+    client: OpenAI, question: str, headers: dict[str, str], turns: int = 3,
+    first: str = "required", model: str = "policy",
 ) -> tuple[str, int]:  # fmt: skip
     """`solve`, and how many tool calls the model made."""
     messages: list[dict[str, Any]] = [

@@ -58,7 +58,7 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
         for number, score in ((1, 1.0), (2, 0.0)):
             session = f"agent-{number}"
             headers = {"X-Flywheel-Session": session, "X-Flywheel-Task": "sum-2-3"}
-            solve(client, "What is 2 + 3?", headers, turns=2)
+            solve(client, "What is 2 + 3?", headers, turns=2, first="auto")
             feedback = {"session": session, "score": score}
             httpx.post(f"{gateway}/v1/feedback", json=feedback, headers=USER).raise_for_status()
         trained = wait_for("promoted round", lambda: _promoted_round(engine))

@@ -1,0 +1,278 @@
+"""Your agent, measured end to end: `examples/agent.py` (streaming, the `add` tool, several turns)
+through the gateway of `flywheel serve --source captured`, on SmolLM2 with LoRA, for a few
+minutes of its own traffic.
+
+    .venv/bin/python bench/agent.py [--minutes 20] [--route evaluation|sessions]
+        [--held-out 32] [--concurrency 4] [--tool-choice required|auto] [--json PATH]
+
+1. Before: the agent on `--held-out` held-out sums (`examples.agent.held_out`, past the 16 its
+   own evaluation gates on), pointed at the base model by name: its success and tool calls
+   per conversation.
+2. Traffic for `--minutes`: fresh train sums through the gateway, one session each (each task
+   met once, so every group comes from siblings of a session's last turn), the expected answer
+   sent as feedback for the gateway's verifier. Rounds train on it as they are ready; each is
+   gated by `--route`: `evaluation` (the agent's own `evaluate` on its held-out sums) or
+   `sessions` (held-out sessions, judged blind by the serving version).
+3. After: the same held-out sums against the version the alias serves. The figures: success
+   before and after, paired over the same tasks with a 95% interval; tool calls per
+   conversation; the rounds with their scorecards; the learning signal of the captured traffic
+   (groups, the share with a reward spread, the mean absolute advantage); wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import provenance, write_results  # noqa: E402
+from bench.serving import free_port, server_settings_for  # noqa: E402
+from examples.agent import converse, correct, held_out, tasks  # noqa: E402
+from memory import store  # noqa: E402
+from reports.intervals import paired_difference, wilson  # noqa: E402
+from reports.table import text_table  # noqa: E402
+from serving.model import prepare_smollm2  # noqa: E402
+from serving.server import VllmServer  # noqa: E402
+
+SERVER_KEY, USER_KEY = "bench-server-key", "bench-user-key"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=20.0, help="of agent traffic")
+    parser.add_argument("--route", choices=("evaluation", "sessions"), default="evaluation")
+    parser.add_argument("--held-out", type=int, default=32, help="held-out sums, before and after")
+    parser.add_argument("--concurrency", type=int, default=4, help="agent conversations at once")
+    parser.add_argument(
+        "--tool-choice", choices=("required", "auto"), default="required",
+        help="the first request's tool_choice, as the agent's author sets it",
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    made = provenance()
+    with tempfile.TemporaryDirectory(prefix="bench-agent-") as scratch:
+        results = run(args, Path(scratch))
+    print_table(results)
+    if args.json:
+        write_results(args.json, {"settings": vars(args) | {"json": str(args.json)}, **results},
+                      made)  # fmt: skip
+
+
+def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    model = prepare_smollm2(ROOT / ".flywheel" / "models")
+    settings = server_settings_for(model, scratch, weights="lora", api_key=SERVER_KEY)
+    started = time.monotonic()
+    with VllmServer(settings) as server:
+        direct = OpenAI(base_url=f"{server.url}/v1", api_key=SERVER_KEY)
+        before = _held_out(direct, model.name, args)
+        served, gateway, db = _serve(args, server.url, model, scratch)
+        try:
+            client = OpenAI(base_url=f"{gateway}/v1", api_key=USER_KEY)
+            traffic = _traffic(client, gateway, args, served)
+            serving = _settled(db, served, scratch)
+            after = _held_out(direct, serving, args)
+        finally:
+            os.killpg(served.pid, signal.SIGTERM)
+            served.wait(timeout=60)
+            pid_file = scratch / "prefect" / "server.pid"
+            if pid_file.exists():
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+    difference = paired_difference(after["solved"], before["solved"])
+    return {
+        "route": args.route,
+        "wall_seconds": time.monotonic() - started,
+        "before": _summary(before),
+        "after": _summary(after) | {"version": serving},
+        "after_minus_before": {
+            "value": difference[0],
+            "low": difference[1],
+            "high": difference[2],
+            "n": len(before["solved"]),
+        },  # fmt: skip
+        "traffic": traffic,
+        "rounds": _rounds(db),
+        "signal": _signal(db),
+    }
+
+
+def _serve(
+    args: argparse.Namespace, server_url: str, model: Path, scratch: Path
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    port, db = free_port(), f"sqlite:///{scratch / 'agent.db'}"
+    route = ["--evaluation", "examples.agent:evaluate"] if args.route == "evaluation" else []
+    command = [
+        str(ROOT / ".venv" / "bin" / "flywheel"), "serve", "--server-url", server_url,
+        "--model", str(model), "--db", db, "--workdir", str(scratch), "--source", "captured",
+        "--gateway-port", str(port), "--train-every", "20", "--min-groups", "8",
+        "--prefect-port", str(free_port()), *route,
+    ]  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment |= {"PREFECT_HOME": str(scratch / "client"), "FLYWHEEL_ADMIN_KEYS": "admin",
+                    "FLYWHEEL_API_KEYS": USER_KEY, "FLYWHEEL_SERVER_KEY": SERVER_KEY}  # fmt: skip
+    log = (scratch / "serve.log").open("w")
+    served = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    gateway = f"http://127.0.0.1:{port}"
+    _wait(lambda: _answers(f"{gateway}/health"), served, 300, scratch)
+    return served, gateway, db
+
+
+def _held_out(client: OpenAI, model: str, args: argparse.Namespace) -> dict[str, list[Any]]:
+    def one(task: tuple[str, str, int]) -> tuple[bool, int]:
+        answer, calls = converse(client, task[1], {}, first=args.tool_choice, model=model)
+        return correct(answer, task[2]), calls
+
+    gated = 16  # the first held-out sums are the agent's own evaluation's: measure past them
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        found = list(pool.map(one, held_out(gated + args.held_out)[gated:]))
+    return {"solved": [s for s, _ in found], "calls": [c for _, c in found]}
+
+
+def _traffic(
+    client: OpenAI, gateway: str, args: argparse.Namespace, served: subprocess.Popen[bytes]
+) -> dict[str, Any]:
+    """Fresh sums through the gateway for `args.minutes`, each its own session, with the
+    expected answer as feedback; the verifier's scores."""
+    deadline = time.monotonic() + args.minutes * 60
+    auth = {"Authorization": f"Bearer {USER_KEY}"}
+    scores: list[float] = []
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        for task, question, expected in tasks(10_000, seed=seed):
+            if time.monotonic() > deadline or served.poll() is not None:
+                return
+            session = uuid.uuid4().hex
+            headers = {"X-Flywheel-Session": session, "X-Flywheel-Task": task}
+            _, made = converse(client, question, headers, first=args.tool_choice)
+            body = {"session": session, "reference": str(expected)}
+            reply = httpx.post(f"{gateway}/v1/feedback", json=body, headers=auth, timeout=60)
+            with lock:
+                scores.append(float(reply.raise_for_status().json()["score"]))
+                calls.append(made)
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        list(pool.map(worker, range(args.concurrency)))
+    return {"sessions": len(scores), "mean_score": statistics.fmean(scores) if scores else None,
+            "calls_per_conversation": statistics.fmean(calls) if calls else None}  # fmt: skip
+
+
+def _settled(db: str, served: subprocess.Popen[bytes], scratch: Path) -> str:
+    """The serving version once no round is training (a round in flight is waited for)."""
+    engine = store.open_store(db)
+
+    def idle() -> bool:
+        with store.transaction(engine) as session:
+            return all(r.status != "running" for r in store.training_rounds(session))
+
+    _wait(idle, served, 1200, scratch)
+    with store.transaction(engine) as session:
+        serving = store.promoted_policy(session)
+    assert serving is not None
+    return serving.name
+
+
+def _rounds(db: str) -> list[dict[str, Any]]:
+    with store.transaction(store.open_store(db)) as session:
+        versions = {v.name: v for v in store.policy_versions(session)}
+        rounds = store.training_rounds(session)
+    found = []
+    for r in rounds:
+        version = versions.get(r.policy_out or "")
+        found.append({
+            "round": r.round_index, "status": r.status, "groups": len(r.group_ids),
+            "version": r.policy_out, "promoted": bool(version and version.promoted),
+            "scorecards": [c.line() for c in version.scorecards] if version else [],
+        })  # fmt: skip
+    return found
+
+
+def _signal(db: str) -> dict[str, Any]:
+    """What the captured traffic gave to learn from: the train groups rounds adopted (every one
+    from siblings, each task being met once), the share with a reward spread (trainable), and
+    the mean absolute advantage (reward minus the group's mean) over their episodes."""
+    with store.transaction(store.open_store(db)) as session:
+        groups = store.load_groups(session, "train")
+    rewards = [[a.reward for a in g.attempts] for g in groups]
+    spread = [r for r in rewards if max(r) > min(r)]
+    mass = [abs(x - statistics.fmean(r)) for r in rewards for x in r]
+    return {
+        "groups": len(groups),
+        "trainable_share": len(spread) / len(groups) if groups else None,
+        "mean_abs_advantage": statistics.fmean(mass) if mass else None,
+        "groups_without_siblings": 0,  # each task was met once: no group forms without them
+    }
+
+
+def _summary(found: dict[str, list[Any]]) -> dict[str, Any]:
+    solved, n = sum(found["solved"]), len(found["solved"])
+    low, high = wilson(solved, n)
+    return {"success": solved / n, "low": low, "high": high, "n": n,
+            "calls_per_conversation": statistics.fmean(found["calls"])}  # fmt: skip
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait(check: Any, process: subprocess.Popen[bytes], seconds: float, scratch: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if process.poll() is not None or time.monotonic() > deadline:
+            tail = (scratch / "serve.log").read_text()[-3000:]
+            sys.exit(f"flywheel serve stopped or took too long (exit {process.poll()}):\n{tail}")
+        time.sleep(2)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    before, after, diff = results["before"], results["after"], results["after_minus_before"]
+    rows = [
+        ["before (base)", f"{before['success']:.3f}", f"{before['low']:.3f}-{before['high']:.3f}",
+         str(before["n"]), f"{before['calls_per_conversation']:.2f}"],
+        [f"after ({after['version']})", f"{after['success']:.3f}",
+         f"{after['low']:.3f}-{after['high']:.3f}", str(after["n"]),
+         f"{after['calls_per_conversation']:.2f}"],
+        ["after - before", f"{diff['value']:+.3f}", f"{diff['low']:+.3f}-{diff['high']:+.3f}",
+         str(diff["n"]), "-"],
+    ]  # fmt: skip
+    print(text_table(["held-out", "success", "95%", "n", "tool calls/conv"], rows))
+    traffic, found = results["traffic"], results["signal"]
+    print(
+        f"traffic: {traffic['sessions']} sessions, mean verified score "
+        f"{traffic['mean_score']}, {traffic['calls_per_conversation']} tool calls each"
+    )
+    print(
+        f"learning signal: {found['groups']} groups (0 without siblings), trainable share "
+        f"{found['trainable_share']}, mean |advantage| {found['mean_abs_advantage']}"
+    )
+    for r in results["rounds"]:
+        decision = "promoted" if r["promoted"] else "not promoted"
+        print(
+            f"round {r['round']} {r['status']} on {r['groups']} groups -> {r['version']} "
+            f"{decision}; {'; '.join(r['scorecards'])}"
+        )
+    print(f"wall: {results['wall_seconds']:.0f} s ({results['route']} route)")
+
+
+if __name__ == "__main__":
+    main()

@@ -172,7 +172,11 @@ def lone_sessions(session: Session, min_episodes: int = 2) -> dict[str, list[Gro
     sessions (a session with no task tag is a task of its own). Only those a round may still
     train on: not held out, not adopted, stitched, with no siblings yet and none of their own."""
     by_session = session_turns(session)
-    met = Counter(str(t[0].plan["task"]) for t in by_session.values() if t[0].plan.get("task"))
+    met = Counter(
+        str(t[0].plan["task"])
+        for t in by_session.values()
+        if t[0].plan.get("task") and not t[0].plan.get("held_out")
+    )
     lone = {}
     for sid, turns in by_session.items():
         plan = turns[0].plan

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import provenance, write_results  # noqa: E402
+from bench.common import provenance, stop_serve, write_results  # noqa: E402
 from bench.serving import free_port, server_settings_for  # noqa: E402
 from examples.agent import converse, correct, held_out, tasks  # noqa: E402
 from memory import store  # noqa: E402
@@ -88,11 +87,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             serving = _settled(db, served, scratch)
             after = _held_out(direct, serving, args)
         finally:
-            os.killpg(served.pid, signal.SIGTERM)
-            served.wait(timeout=60)
-            pid_file = scratch / "prefect" / "server.pid"
-            if pid_file.exists():
-                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            stop_serve(served, scratch)
     difference = paired_difference(after["solved"], before["solved"])
     return {
         "route": args.route,

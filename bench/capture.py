@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import stop_serve  # noqa: E402
 from bench.serving import free_port, seed_store, server_settings_for  # noqa: E402
 from examples.agent import ADD, solve  # noqa: E402
 from memory import store  # noqa: E402
@@ -176,11 +176,7 @@ def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
             _wait(lambda: _answered_by_new(client, model.name), served, 900)
             seconds = time.monotonic() - fed
         finally:
-            os.killpg(served.pid, signal.SIGTERM)
-            served.wait(timeout=60)
-            prefect_pid = scratch / "prefect" / "server.pid"
-            if prefect_pid.is_file():
-                os.killpg(int(prefect_pid.read_text()), signal.SIGTERM)
+            stop_serve(served, scratch)
     with store.transaction(engine) as session:
         (record,) = store.training_rounds(session)[-1:]
     print(f"feedback to serving: {seconds:.1f} s", file=sys.stderr)

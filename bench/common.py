@@ -53,6 +53,18 @@ def write_results(path: Path, payload: dict[str, Any], made: dict[str, Any]) -> 
         out.write(json.dumps({"provenance": made, **payload}, indent=2) + "\n")
 
 
+def stop_serve(process: subprocess.Popen[bytes], workdir: Path) -> None:
+    """Stop a `flywheel serve` started in its own process group, and the Prefect server it
+    started under `workdir`."""
+    import signal
+
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=60)
+    pid_file = workdir / "prefect" / "server.pid"
+    if pid_file.exists():
+        os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+
+
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip()

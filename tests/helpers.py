@@ -4,6 +4,7 @@ group collected from one, a `flywheel serve` process, and a wait on a condition.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,6 +114,15 @@ def start_serve(
         start_new_session=True,
     )  # fmt: skip
     return Served(process, db, prefect_port, gateway_port, log)
+
+
+def stop_serve(process: subprocess.Popen, tmp_path: Path) -> None:
+    """Stop a `start_serve` process group, and the Prefect server it started."""
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=60)
+    pid_file = tmp_path / "prefect" / "server.pid"
+    if pid_file.exists():
+        os.killpg(int(pid_file.read_text()), signal.SIGTERM)
 
 
 def wait_until(

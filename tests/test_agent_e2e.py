@@ -5,9 +5,7 @@ version, whose lineage names the sessions that trained it."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +20,7 @@ from examples.agent import ADD, solve
 from memory import store
 from memory.records import Attempt
 from serving import capture
-from tests.helpers import start_serve
+from tests.helpers import start_serve, stop_serve
 
 pytestmark = pytest.mark.vllm
 
@@ -90,11 +88,7 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
         wait_for("answer from the new version", answered_by_new, seconds=60)
         assert trained != base
     finally:
-        os.killpg(served.pid, signal.SIGTERM)
-        served.wait(timeout=60)
-        pid_file = tmp_path / "prefect" / "server.pid"
-        if pid_file.exists():
-            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+        stop_serve(served, tmp_path)
 
 
 def _answers(url: str) -> bool:
@@ -177,11 +171,7 @@ def test_a_streaming_tool_agent_is_stored_token_exactly_and_its_next_version_ans
 
             _wait(served, run.log, "answer from the new version", answered_by_new, 60)
         finally:
-            os.killpg(served.pid, signal.SIGTERM)
-            served.wait(timeout=60)
-            pid_file = tmp_path / "prefect" / "server.pid"
-            if pid_file.exists():
-                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            stop_serve(served, tmp_path)
 
 
 def _wait(served: Any, log: Path, what: str, check: Callable[[], Any], seconds: float = 400) -> Any:

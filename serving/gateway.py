@@ -305,9 +305,14 @@ def _relay(
                     yield chunk
                 return
             assert asked is not None
+            stored = False
             async for line in upstream.aiter_lines():
+                if line == "data: [DONE]" and not stored:  # stored before the caller is done,
+                    stored = True  # so feedback sent right after the stream finds it
+                    await _store_capture(engine, body, recorder.response(), capture_id, tagged)
                 yield (capture.relay_line(line, recorder, asked) + "\n").encode()
-            await _store_capture(engine, body, recorder.response(), capture_id, tagged)
+            if not stored:
+                await _store_capture(engine, body, recorder.response(), capture_id, tagged)
         except httpx.HTTPError as exc:
             log.warning("upstream failed mid-stream for %s: %s", version, exc)
             message = {"message": f"the model server failed mid-stream: {exc}", "code": 502}

@@ -217,8 +217,16 @@ def test_capture_records_trajectories_streamed_or_not_and_feedback(
         nulls = client.post("/v1/chat/completions", json=chat(temperature=None, top_p=None))
         assert nulls.status_code == 200 and "X-Flywheel-Capture-Id" in nulls.headers
         with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as streamed:
-            lines = [line for line in streamed.iter_lines() if line.startswith("data: {")]
             streamed_id = streamed.headers["X-Flywheel-Capture-Id"]
+            lines, stored_when_done = [], None
+            for line in streamed.iter_lines():
+                if line == "data: [DONE]":  # the caller is done: feedback may follow at once
+                    with store.transaction(engine) as session:
+                        found = store.load_groups(session, "capture")
+                    stored_when_done = streamed_id in {g.task_id for g in found}
+                elif line.startswith("data: {"):
+                    lines.append(line)
+    assert stored_when_done is True
     assert all("token_ids" not in line and '"logprob"' not in line for line in lines)
     assert "".join(json.loads(x[6:])["choices"][0]["delta"].get("content", "") for x in lines) == (
         "four"

@@ -40,14 +40,12 @@ def serve_model(args: argparse.Namespace) -> int:
 def _server_key(workdir: Path) -> str:
     """The model server's own key: FLYWHEEL_SERVER_KEY, else a new one kept (readable by this
     user alone) in WORKDIR/server.key, for the workers and gateways that will call it."""
-    from serving.access import ENV, key
+    from serving.access import ENV, ensure_key, key
 
-    found = key()
-    if found is not None:
-        return found
-    import secrets
-
-    made = secrets.token_urlsafe(32)
+    existing = key()
+    if existing is not None:
+        return existing
+    made = ensure_key()  # set in this process's environment too, as every starter does
     path = workdir / "server.key"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)

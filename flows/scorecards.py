@@ -44,8 +44,6 @@ from serving import access
 from verifiers import plugin
 
 log = logging.getLogger(__name__)
-REPLY_TOKENS = 256  # a turn logged without max_tokens is answered with at most this many
-MOST_REPLY_TOKENS = 1024
 IN_FLIGHT = 8  # turns compared at once
 
 
@@ -156,8 +154,7 @@ class Duel:
         """Append the candidate's result on this turn (+1, 0, -1), unless the judge could not
         decide or the server refused the prompt as bad."""
         assert turn.sample is not None
-        wanted = turn.sampling.max_tokens or REPLY_TOKENS
-        sampling = SamplingSettings(temperature=0.0, max_tokens=min(wanted, MOST_REPLY_TOKENS))
+        sampling = SamplingSettings(temperature=0.0, max_tokens=sessions.replay_tokens(turn))
         prompt = turn.sample.prompt_token_ids
         async with self.limiter:
             try:

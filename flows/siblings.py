@@ -34,8 +34,6 @@ from verifiers.catalog import averify
 from verifiers.errors import TaskFault
 
 log = logging.getLogger(__name__)
-REPLY_TOKENS = 256  # a turn logged without max_tokens gets at most this many
-MOST_REPLY_TOKENS = 1024
 
 
 async def grow(settings: RunSettings, server_url: str, version: str) -> int:
@@ -89,9 +87,10 @@ async def _sibling(policy: Endpoint, turns: list[Group]) -> tuple[Attempt, str]:
     last = turns[-1].attempts[0]
     assert last.sample is not None
     logged = last.sampling
-    wanted = min(logged.max_tokens or REPLY_TOKENS, MOST_REPLY_TOKENS)
     sampling = SamplingSettings(
-        temperature=logged.temperature or 1.0, top_p=logged.top_p, max_tokens=wanted
+        temperature=logged.temperature or 1.0,
+        top_p=logged.top_p,
+        max_tokens=sessions.replay_tokens(last),
     )
     sample = await policy.client.complete_ids(policy.model, last.sample.prompt_token_ids, sampling)
     again = last.model_copy(update={

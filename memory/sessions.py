@@ -46,6 +46,8 @@ from memory.records import UNRATED, Attempt, Group, Sample
 from memory.rows import group_record
 
 CAPTURED = "gateway"  # the task set of captured traffic and of the groups rounds adopt from it
+REPLY_TOKENS = 256  # a logged turn without max_tokens is answered again with at most this many
+MOST_REPLY_TOKENS = 1024
 
 
 def stitch(turns: list[Attempt]) -> Attempt | str:
@@ -150,6 +152,12 @@ def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) 
     return [
         _group(task, found) for task, found in sorted(by_task.items()) if len(found) >= min_episodes
     ]
+
+
+def replay_tokens(turn: Attempt) -> int:
+    """How many tokens a logged turn may take when it is answered again (by a sibling, or by a
+    version under judgement): its own max_tokens, within bounds."""
+    return min(turn.sampling.max_tokens or REPLY_TOKENS, MOST_REPLY_TOKENS)
 
 
 def held_out_turns(session: Session, limit: int) -> dict[str, list[Attempt]]:

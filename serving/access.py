@@ -24,6 +24,11 @@ def key() -> str | None:
     return os.environ.get(ENV) or None
 
 
+def bearer(found: str | None) -> dict[str, str]:
+    """The header a client sends with `found` as its key (none without one)."""
+    return {"Authorization": f"Bearer {found}"} if found else {}
+
+
 def ensure_key() -> str:
     """The key, made (and set in this process's environment, for its children) if missing."""
     found = key()
@@ -34,5 +39,4 @@ def ensure_key() -> str:
 
 def headers() -> dict[str, str]:
     """What a client of a model server sends: the key as a bearer token, when there is one."""
-    found = key()
-    return {"Authorization": f"Bearer {found}"} if found else {}
+    return bearer(key())

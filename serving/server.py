@@ -38,7 +38,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from serving import probe
+from serving import access, probe
 from serving.errors import ServingError
 
 log = logging.getLogger(__name__)
@@ -308,8 +308,7 @@ class VllmServer:
         ]
 
     def _headers(self) -> dict[str, str]:
-        key = self.settings.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        return access.bearer(self.settings.api_key)
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

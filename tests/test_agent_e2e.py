@@ -40,16 +40,8 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
     gateway = f"http://127.0.0.1:{gateway_port}"
     engine = store.open_store(db)
 
-    def wait_for(what: str, check: Callable[[], Any], seconds: float = 400) -> Any:
-        deadline = time.monotonic() + seconds
-        while not (found := check()):
-            assert served.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"no {what}:\n{log_path.read_text()[-3000:]}"
-            time.sleep(1)
-        return found
-
     try:
-        wait_for("gateway", lambda: _answers(f"{gateway}/health"))
+        _wait(served, log_path, "gateway", lambda: _answers(f"{gateway}/health"))
         client = OpenAI(base_url=f"{gateway}/v1", api_key="user-key")
         base = client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2
@@ -60,7 +52,7 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
             solve(client, "What is 2 + 3?", headers, turns=2, first="auto")
             feedback = {"session": session, "score": score}
             httpx.post(f"{gateway}/v1/feedback", json=feedback, headers=USER).raise_for_status()
-        trained = wait_for("promoted round", lambda: _promoted_round(engine))
+        trained = _wait(served, log_path, "promoted round", lambda: _promoted_round(engine))
         with store.transaction(engine) as session:
             (round_record,) = store.lineage(session, trained)[:1]
             groups = store.groups_by_id(session, round_record.group_ids)
@@ -85,7 +77,7 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
             )
             return reply.model == trained
 
-        wait_for("answer from the new version", answered_by_new, seconds=60)
+        _wait(served, log_path, "answer from the new version", answered_by_new, 60)
         assert trained != base
     finally:
         stop_serve(served, tmp_path)

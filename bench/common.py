@@ -1,8 +1,10 @@
 """What every benchmark shares: where the project is, and a results file that says how it was made.
 
-`write_results(path, payload, made)` adds the provenance every figure needs (the command that
-produced it, the commit it ran, the date it started, the machine: CPU model, cores) and writes the
-JSON atomically. Take `provenance()` when the run starts: the commit at the end may be another.
+`write_results(path, payload, made, figures)` writes the JSON atomically with the provenance every
+figure needs (the command that produced it, the commit it ran, the date it started, the machine:
+CPU model, cores, the serving dtype) and its headline `Figure`s, each with its n and 95% interval:
+`python bench/results.py` builds the results page from those alone. Take `provenance()` when the
+run starts: the commit at the end may be another.
 """
 
 from __future__ import annotations
@@ -14,10 +16,49 @@ import platform
 import shlex
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from reports.intervals import mean_interval, wilson  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One headline figure of a run: `value` over `n` measurements, with its 95% interval
+    (`low`, `high`; None where one measurement has no spread to go by), and whose work it counts
+    (`counts`: "policy", "reviewer", "system"...; empty where the question does not arise)."""
+
+    name: str
+    value: float
+    n: int
+    low: float | None = None
+    high: float | None = None
+    unit: str = ""
+    counts: str = ""
+
+    @classmethod
+    def mean(cls, name: str, values: list[float], unit: str = "", counts: str = "") -> Figure:
+        """The mean of independent measurements, with Student's interval."""
+        mean, low, high = mean_interval(values)
+        finite = len(values) > 1
+        return cls(name, mean, len(values), low if finite else None, high if finite else None,
+                   unit, counts)  # fmt: skip
+
+    @classmethod
+    def share(cls, name: str, successes: int, n: int, counts: str = "") -> Figure:
+        """A share of `n`, with Wilson's interval."""
+        low, high = wilson(successes, n)
+        return cls(name, successes / n if n else 0.0, n, low, high, "share", counts)
+
+    @classmethod
+    def single(cls, name: str, value: float, unit: str = "", counts: str = "") -> Figure:
+        """One measurement: no interval."""
+        return cls(name, value, 1, None, None, unit, counts)
 
 
 def provenance() -> dict[str, Any]:
@@ -32,6 +73,18 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def write_results(
+    path: Path, payload: dict[str, Any], made: dict[str, Any], figures: list[Figure]
+) -> None:
+    """`payload` with the provenance `made` (from `provenance()` at the start) and the headline
+    `figures`, written to `path` atomically."""
+    from memory.folders import atomic_file
+
+    record = {"provenance": made, "figures": [asdict(f) for f in figures], **payload}
+    with atomic_file(path) as out:
+        out.write(json.dumps(record, indent=2) + "\n")
+
+
 def machine() -> dict[str, Any]:
     model = platform.processor() or "unknown"
     try:
@@ -41,16 +94,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "system": platform.platform(terse=True)}
+    from serving.server import cpu_dtype
 
-
-def write_results(path: Path, payload: dict[str, Any], made: dict[str, Any]) -> None:
-    """`payload` with the provenance `made` (from `provenance()` at the start), written to
-    `path` atomically."""
-    from memory.folders import atomic_file
-
-    with atomic_file(path) as out:
-        out.write(json.dumps({"provenance": made, **payload}, indent=2) + "\n")
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "dtype": cpu_dtype(),
+        "system": platform.platform(terse=True),
+    }
 
 
 def stop_serve(process: subprocess.Popen[bytes], workdir: Path) -> None:

@@ -4,19 +4,21 @@ On one CPU vLLM server with merged weights (dev routes, no LoRA, torch.compile o
 with LoRA enabled, at the same concurrency and the same requests:
 (a) completion tokens/s from the base model, from a newest version served as merged weights,
     and from the same version served as a LoRA adapter (rank 16 on all linear layers, as the
-    trainer makes them); the ratio newest/base is the goal (at least 0.9);
+    trainer makes them), base and version alternating over `--passes` (on the merged server the
+    base is a merged version with a zero adapter, loaded the same way); the ratio newest/base,
+    paired by pass, is the goal (at least 0.9);
 (b) swap time, p50 and p99, over `--swaps` in-place reloads between two merged versions;
 (c) failed requests of a steady load during those swaps (goal 0).
 The versions are random LoRA adapters of the real model merged by the trainer's own code:
 speed depends on how a version is served, not on its values.
 
-    .venv/bin/python bench/sampling.py [--model smollm2|tiny] [--swaps 10] [--json PATH]
+    .venv/bin/python bench/sampling.py [--model smollm2|tiny] [--swaps 10] [--passes 3]
+        [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos import random_adapter  # noqa: E402
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving import weights  # noqa: E402
 from serving.adapters import ensure_loaded  # noqa: E402
@@ -51,13 +54,33 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument("--passes", type=int, default=3, help="base and version, alternating")
     parser.add_argument("--port", type=int, default=8061)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     result = measure(args)
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Tokens/s and the newest/base ratios over passes, swap time over swaps, failed requests
+    as a share of those answered during swaps."""
+    passes = result["passes"]
+    answered = result["requests_during_swaps"]
+    return [
+        Figure.mean("base model (merged-mode server)", passes["base"], "tokens/s"),
+        Figure.mean("newest version, merged weights", passes["merged"], "tokens/s"),
+        Figure.mean("merged / base, paired by pass (goal >= 0.9)", passes["merged_over_base"]),
+        Figure.mean("base model (LoRA server)", passes["lora_base"], "tokens/s"),
+        Figure.mean("newest version, LoRA adapter", passes["lora"], "tokens/s"),
+        Figure.mean("LoRA / base, paired by pass", passes["lora_over_base"]),
+        Figure.mean("in-place swap between merged versions", result["swap_seconds"], "s"),
+        Figure.share("failed requests during swaps (goal 0)",
+                     result["failed_requests_during_swaps"], answered),
+    ]  # fmt: skip
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,22 +90,33 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         base = prepare_tiny_llama(models, base)
     work = Path(tempfile.mkdtemp(prefix="sampling-"))
     versions = {}
-    for name in ("v1", "v2"):
-        adapter = random_adapter(base, work / "adapters", name, std=0.02, modules="all-linear")
+    for name, std in (("v0", 0.0), ("v1", 0.02), ("v2", 0.02)):
+        adapter = random_adapter(base, work / "adapters", name, std=std, modules="all-linear")
         versions[name] = (adapter, merge_version(base, adapter, work / "merged", name))
     result: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
+    passes: dict[str, list[float]] = {key: [] for key in ("base", "merged", "lora_base", "lora")}
     with server(base, args.port, "merged", work) as url:
-        result["base_tokens_per_s"] = throughput(url, base.name, args)
-        weights.serve(url, base.name, weights.Served(version="v1", folder=versions["v1"][1]), base)
-        result["merged_tokens_per_s"] = throughput(url, base.name, args)
+        for _ in range(args.passes):
+            for key, name in (("base", "v0"), ("merged", "v1")):
+                target = weights.Served(version=name, folder=versions[name][1])
+                weights.serve(url, base.name, target, base)
+                passes[key].append(throughput(url, base.name, args))
         result |= swaps(url, base, versions, args.swaps)
     with server(base, args.port + 1, "lora", work) as url:
-        result["lora_base_tokens_per_s"] = throughput(url, base.name, args)
         ensure_loaded(url, "v1", versions["v1"][0])
-        result["lora_tokens_per_s"] = throughput(url, "v1", args)
-    result["merged_over_base"] = result["merged_tokens_per_s"] / result["base_tokens_per_s"]
-    result["lora_over_base"] = result["lora_tokens_per_s"] / result["base_tokens_per_s"]
+        for _ in range(args.passes):
+            passes["lora_base"].append(throughput(url, base.name, args))
+            passes["lora"].append(throughput(url, "v1", args))
+    passes["merged_over_base"] = _ratios(passes["merged"], passes["base"])
+    passes["lora_over_base"] = _ratios(passes["lora"], passes["lora_base"])
+    for key in ("base", "merged", "lora_base", "lora", "merged_over_base", "lora_over_base"):
+        result[key if "over" in key else f"{key}_tokens_per_s"] = statistics.median(passes[key])
+    result["passes"] = passes
     return result
+
+
+def _ratios(top: list[float], bottom: list[float]) -> list[float]:
+    return [a / b for a, b in zip(top, bottom, strict=True)]
 
 
 @contextmanager
@@ -151,6 +185,7 @@ def swaps(url: str, base: Path, versions: dict[str, tuple[Path, Path]], count: i
             thread.join()
     ordered = sorted(seconds)
     return {
+        "swap_seconds": seconds,
         "swap_p50_s": statistics.median(ordered),
         "swap_p99_s": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
         "requests_during_swaps": answered[0],

@@ -1,18 +1,18 @@
 """Serving benchmark: gateway overhead, hot-swap latency, and failed requests during swaps.
 
 Starts a real vLLM server (SmolLM2-135M on CPU by default) and the gateway in front of it, then:
-(a) completion tokens/s through the gateway over the same load sent straight to vLLM;
+(a) completion tokens/s through the gateway over the same load sent straight to vLLM, the two
+    alternating over `--passes` (the ratio paired by pass);
 (b) time from "checkpoint published" (an adapter folder atomically in place) to "the alias
     serves it" (validated, loaded, canaried, promoted through the gate), p50 and p99;
 (c) failed requests of a steady load through the alias during those consecutive swaps.
 
-    .venv/bin/python bench/serving.py [--model smollm2|tiny] [--swaps 10] [--json PATH]
+    .venv/bin/python bench/serving.py [--model smollm2|tiny] [--swaps 10] [--passes 3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import socket
 import sys
@@ -28,6 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory import folders, store  # noqa: E402
 from memory.records import PolicyVersion  # noqa: E402
 from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
@@ -45,8 +46,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument("--passes", type=int, default=3, help="direct and gateway, alternating")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
 
     models = ROOT / ".flywheel" / "models"
     model_path = prepare_smollm2(models)
@@ -56,7 +59,22 @@ def main() -> None:
         results = run(args, model_path, Path(scratch))
     print_table(results)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(args.json, results, made, figures(results))
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    """Throughput and the gateway's ratio over passes, publish-to-alias time over swaps, failed
+    requests as a share of those answered during swaps."""
+    ratios = [g / d for g, d in zip(results["gateway_passes"], results["direct_passes"],
+                                    strict=True)]  # fmt: skip
+    return [
+        Figure.mean("straight to vLLM", results["direct_passes"], "tokens/s"),
+        Figure.mean("through the gateway", results["gateway_passes"], "tokens/s"),
+        Figure.mean("gateway / direct, paired by pass", ratios),
+        Figure.mean("checkpoint published to alias serving it", results["swap_seconds"], "s"),
+        Figure.share("failed requests during swaps (goal 0)",
+                     results["failed_requests_during_swaps"], results["requests_during_swaps"]),
+    ]  # fmt: skip
 
 
 def server_settings_for(model_path: Path, scratch: Path, **options: Any) -> ServerSettings:
@@ -91,7 +109,7 @@ def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
     ):
         throughput(server.url, args, passes=1)  # warm-up: the first requests are slow on CPU
         direct, through = [], []
-        for _ in range(2):
+        for _ in range(args.passes):
             direct.append(throughput(server.url, args))
             through.append(throughput(gateway, args))
         latencies, load_seconds, failures, requests = swaps(
@@ -105,6 +123,8 @@ def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
         "direct_tokens_per_s": max(direct),
         "gateway_tokens_per_s": max(through),
         "gateway_over_direct": max(through) / max(direct),
+        "direct_passes": direct,
+        "gateway_passes": through,
         "swap_seconds_p50": percentile(latencies, 50),
         "swap_seconds_p99": percentile(latencies, 99),
         "swap_seconds": latencies,

@@ -3,9 +3,10 @@
 Both variants train the same LoRA (rank, modules, batch, epochs, learning rate, device) on the
 same rows (prompt + completion token ids, completion tokens trained); ours adds per-token
 advantages and the importance-sampling weights. Each runs in its own process so that peak memory
-is its own. Reports trained tokens/s, our overhead, and peak memory (RSS; CUDA peak on a GPU).
+is its own, and the two alternate over `--passes`. Reports trained tokens/s with its interval
+over passes, our overhead, and peak memory (RSS; CUDA peak on a GPU).
 
-    .venv/bin/python bench/train.py [--model smollm2|tiny] [--rows 64] [--json PATH]
+    .venv/bin/python bench/train.py [--model smollm2|tiny] [--rows 64] [--passes 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import json
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory.records import Attempt, Group, Sample, SamplingSettings  # noqa: E402
 from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
 from trainer.settings import TrainSettings  # noqa: E402
@@ -35,21 +38,47 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--completion-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--passes", type=int, default=3, help="of each variant, alternating")
     parser.add_argument("--variant", choices=("ours", "sft"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(measure(args)))
         return
-    figures = {variant: run_variant(variant) for variant in ("sft", "ours")}
+    made = provenance()
+    passes: dict[str, list[dict]] = {"sft": [], "ours": []}
+    for index in range(args.passes):
+        for variant in ("sft", "ours"):
+            passes[variant].append(run_variant(variant))
+            print(f"pass {index + 1}/{args.passes} {variant}: "
+                  f"{passes[variant][-1]['tokens_per_s']:.1f} tokens/s", flush=True)  # fmt: skip
     result = {
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "variant")},
-        **{f"{v}_{k}": figures[v][k] for v in figures for k in figures[v]},
-        "overhead": figures["sft"]["tokens_per_s"] / figures["ours"]["tokens_per_s"] - 1,
-    }
+        **{f"{v}_{k}": statistics.median(p[k] for p in passes[v])
+           for v in passes for k in ("train_seconds", "tokens_per_s", "peak_rss_mib")},
+        **{f"{v}_{k}": passes[v][0][k] for v in passes for k in ("peak_cuda_mib", "device")},
+        "passes": passes,
+    }  # fmt: skip
+    result["overhead"] = result["sft_tokens_per_s"] / result["ours_tokens_per_s"] - 1
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(passes))
+
+
+def figures(passes: dict[str, list[dict]]) -> list[Figure]:
+    """Tokens/s of each variant and our overhead, with intervals over passes; peak memory."""
+    ratios = [s["tokens_per_s"] / o["tokens_per_s"] - 1
+              for s, o in zip(passes["sft"], passes["ours"], strict=True)]  # fmt: skip
+    device = passes["ours"][0]["device"]
+    return [
+        Figure.mean(f"plain TRL SFT, trained tokens/s ({device})",
+                    [p["tokens_per_s"] for p in passes["sft"]], "tokens/s"),
+        Figure.mean(f"flywheel round, trained tokens/s ({device})",
+                    [p["tokens_per_s"] for p in passes["ours"]], "tokens/s"),
+        Figure.mean("overhead of the flywheel round over SFT (goal <= 0.10)", ratios),
+        Figure.mean("flywheel round, peak RSS", [p["peak_rss_mib"] for p in passes["ours"]],
+                    "MiB"),
+    ]  # fmt: skip
 
 
 def run_variant(variant: str) -> dict:

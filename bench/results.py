@@ -1,0 +1,157 @@
+"""The results page: `bench/README.md`, written from `bench/results/*.json` alone.
+
+Every results file carries its provenance (command, commit, date, machine) and its headline
+figures, each with n and a 95% interval (`bench.common.write_results`); this script lays them
+out, one section per benchmark and one table per file. Nothing on the page is typed by hand, and
+`--check` (run by the test suite) fails when the committed page is not what the files give.
+Files from earlier code, without that record, live in `bench/results/archive/`.
+
+    .venv/bin/python bench/results.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+PAGE = BENCH / "README.md"
+# Sections in reading order: serving, then data, then learning; others follow by name.
+ORDER = ("sampling", "serving", "startup", "dtype", "chaos", "sandbox", "store", "pipeline",
+         "train", "capture", "agent", "tasksets", "reviewer", "explore", "learn", "confirm",
+         "replicates", "rounds", "drift", "run")  # fmt: skip
+
+INTRO = """# Benchmarks
+
+Every figure on this page is read from a results file in `results/` by `bench/results.py`
+(`make results` writes the page; the test suite fails when it is not what the files give). Each
+file records the command that produced it, the commit, the date and the machine. Each figure has
+its n (the independent measurements behind it) and a 95% interval: Student's for a mean over
+passes, Wilson's for a share, a paired one for a difference on the same tasks, Welch's for a
+difference of arms over runs; none where one measurement has no spread to go by. "Counts" says
+whose work a figure counts where that is in question: the policy's own, the reviewer's, or the
+system's. What the figures taught is in [docs/experiments.md](../docs/experiments.md).
+"""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One results file: where it is, how it was made, and its figures."""
+
+    path: Path
+    provenance: dict[str, Any]
+    figures: list[dict[str, Any]]
+
+    @property
+    def script(self) -> str:
+        return Path(self.provenance["command"].split()[1]).stem
+
+
+def load(folder: Path = RESULTS) -> list[Result]:
+    """Every results file in `folder` (not its archive); one without provenance or figures is
+    an error naming the file."""
+    results = []
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or "provenance" not in record or "figures" not in record:
+            raise SystemExit(
+                f"{path.relative_to(BENCH)}: no provenance or figures; re-measure it with "
+                "today's code or move it to results/archive/"
+            )
+        results.append(Result(path, record["provenance"], record["figures"]))
+    return results
+
+
+def render(results: list[Result], archive: list[Path]) -> str:
+    """The page."""
+    parts = [INTRO]
+    scripts = sorted({r.script for r in results}, key=_rank)
+    for script in scripts:
+        parts.append(f"## {_title(script)}\n")
+        for result in (r for r in results if r.script == script):
+            parts.append(_table(result))
+    if archive:
+        parts.append("## Archive\n")
+        parts.append(
+            "Files from earlier code, kept for the findings in docs/experiments.md that cite "
+            "them; they record no machine, and their figures are not shown here:\n"
+        )
+        parts.append("\n".join(f"- `{p.relative_to(BENCH).as_posix()}`" for p in archive) + "\n")
+    return "\n".join(parts)
+
+
+def _rank(script: str) -> tuple[int, str]:
+    return (ORDER.index(script) if script in ORDER else len(ORDER), script)
+
+
+def _title(script: str) -> str:
+    """`bench/<script>.py`: the first line of its docstring."""
+    source = BENCH / f"{script}.py"
+    doc = ast.get_docstring(ast.parse(source.read_text())) if source.exists() else None
+    headline = doc.split("\n\n")[0].replace("\n", " ") if doc else script
+    return f"`{script}.py`: {headline}"
+
+
+def _table(result: Result) -> str:
+    made = result.provenance
+    machine = made["machine"]
+    where = f"{machine['cpu']}, {machine['cores']} cores, {machine.get('dtype', 'dtype unknown')}"
+    dirty = " (uncommitted changes)" if made.get("dirty") else ""
+    lines = [
+        f"`{result.path.relative_to(BENCH).as_posix()}` · {made['date'][:10]} · commit "
+        f"`{made['commit']}`{dirty} · {where}",
+        "",
+        f"    {made['command']}",
+        "",
+        "| figure | value | n | 95% interval | counts |",
+        "|---|---:|---:|---|---|",
+    ]
+    for figure in result.figures:
+        lines.append(
+            f"| {figure['name']} | {_value(figure['value'], figure['unit'])} | {figure['n']} "
+            f"| {_interval(figure)} | {figure['counts'] or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _value(value: float, unit: str) -> str:
+    if unit == "share":
+        return f"{value:.3f}"
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
+        number = f"{int(value)}"
+    elif abs(value) >= 100:
+        number = f"{value:.1f}"
+    else:
+        number = f"{value:.3g}"
+    return f"{number} {unit}".strip()
+
+
+def _interval(figure: dict[str, Any]) -> str:
+    if figure["low"] is None or figure["high"] is None:
+        return "-"
+    unit = "share" if figure["unit"] == "share" else ""
+    return f"{_value(figure['low'], unit)} to {_value(figure['high'], unit)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the page is not current")
+    args = parser.parse_args()
+    page = render(load(), sorted((RESULTS / "archive").glob("*")))
+    if args.check:
+        if PAGE.read_text() != page:
+            sys.exit("bench/README.md is not what bench/results/*.json give: run make results")
+        return
+    PAGE.write_text(page)
+    print(f"wrote {PAGE.relative_to(BENCH.parent)} from {len(load())} results files")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,11 +11,11 @@ ARGS ?=
 PYTEST_ARGS ?=
 # The default run serves a reviewer beside the policy, each on a core of its own, and distills the
 # reviewer's answers to the groups the policy failed into the bare prompt (examples/reviewer.toml;
-# the evidence: bench/README.md, "Several runs an arm"). `make run REVIEWER=` runs the policy alone.
+# the evidence: docs/experiments.md). `make run REVIEWER=` runs the policy alone.
 REVIEWER ?= qwen2.5-coder-0.5b
 RUN_DEFAULTS := $(if $(REVIEWER),--reviewer $(REVIEWER) --config examples/reviewer.toml)
 
-.PHONY: run test test-slow setup model lint clean
+.PHONY: run test test-slow setup model lint results clean
 
 run: model
 	$(VENV)/bin/flywheel run --summary-json .flywheel/summary.json $(RUN_DEFAULTS) $(ARGS)
@@ -40,6 +40,10 @@ setup: $(VENV)/.installed $(SERVING)/.installed
 
 model: setup
 	$(VENV)/bin/flywheel prepare-model
+
+# The results page, bench/README.md, from bench/results/*.json (a test checks it is current).
+results: $(VENV)/.installed
+	$(VENV)/bin/python bench/results.py
 
 # Ruff everywhere; mypy --strict on every package (pyproject.toml).
 lint: $(VENV)/.installed

@@ -40,7 +40,7 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import provenance, stop_serve, write_results  # noqa: E402
+from bench.common import Figure, provenance, stop_serve, write_results  # noqa: E402
 from bench.serving import free_port, server_settings_for  # noqa: E402
 from examples.agent import converse, correct, held_out, tasks  # noqa: E402
 from memory import store  # noqa: E402
@@ -69,8 +69,27 @@ def main() -> None:
         results = run(args, Path(scratch))
     print_table(results)
     if args.json:
-        write_results(args.json, {"settings": vars(args) | {"json": str(args.json)}, **results},
-                      made)  # fmt: skip
+        payload = {"settings": vars(args) | {"json": str(args.json)}, **results}
+        write_results(args.json, payload, made, figures(results))
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    """The agent's held-out success before and after (Wilson), the paired gain, the traffic's
+    learning signal and the wall time (one run)."""
+    before, after, diff = results["before"], results["after"], results["after_minus_before"]
+    n, signal = before["n"], results["signal"]
+    return [
+        Figure.share("held-out success before (base)", round(before["success"] * n), n, "policy"),
+        Figure.share(f"held-out success after ({after['version']})",
+                     round(after["success"] * n), n, "policy"),
+        Figure("after - before, paired on the same tasks", diff["value"], diff["n"],
+               diff["low"], diff["high"], "", "policy"),
+        Figure.single("tool calls per held-out conversation, after",
+                      after["calls_per_conversation"], counts="policy"),
+        Figure.single("captured sessions", results["traffic"]["sessions"]),
+        Figure.single("groups with a reward spread (trainable share)", signal["trainable_share"]),
+        Figure.single("wall time", results["wall_seconds"], "s"),
+    ]  # fmt: skip
 
 
 def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ engine stopped while the API still answers (the stall watch catches it), bursts 
 connection resets (through `bench/faults.py`), a worker killed while holding claims, the trainer
 killed in the middle of a save (torn state and weights), and an adapter load whose answer is lost.
 
-    .venv/bin/python bench/chaos.py [--tasks 32] [--group-size 4] [--json PATH]
+    .venv/bin/python bench/chaos.py [--tasks 32] [--group-size 4] [--runs 3] [--json PATH]
     .venv/bin/python bench/chaos.py --soak 30 [--json PATH]
 
 `--soak MINUTES` runs one collection worker for that long through a proxy that answers 3% of
@@ -22,10 +22,10 @@ every batch was stored whole, and how far each of the three grew over the second
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -45,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents.settings import CollectSettings  # noqa: E402
 from agents.watchdog import WatchdogSettings  # noqa: E402
-from bench.common import provenance, write_results  # noqa: E402
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from bench.faults import FaultProxy, Faults  # noqa: E402
 from memory import store, workqueue  # noqa: E402
 from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow  # noqa: E402
@@ -591,24 +592,60 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--port", type=int, default=8051)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--runs", type=int, default=3, help="of every fault")
     parser.add_argument("--soak", type=float, default=None, help="minutes of a soak instead")
     args = parser.parse_args()
+    made = provenance()
     if args.soak is not None:
-        made = provenance()
         result = soak(args)
         print_soak(result)
         if args.json:
             result["settings"] = {k: str(v) for k, v in vars(args).items()}
-            write_results(args.json, result, made)
+            write_results(args.json, result, made, soak_figures(result))
         return
-    rows = run_all(args)
+    rows = [row for _ in range(args.runs) for row in run_all(args)]
     print_table(rows)
     if args.json:
         payload = {
             "settings": {k: str(v) for k, v in vars(args).items()},
             "rows": [r.model_dump() for r in rows],
         }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        write_results(args.json, payload, made, figures(rows))
+
+
+def figures(rows: list[Row]) -> list[Figure]:
+    """Per fault over its runs: attempts lost or stored twice, as shares of those submitted;
+    recovery time, median and max."""
+    found = []
+    for fault in dict.fromkeys(r.fault for r in rows):
+        runs = [r for r in rows if r.fault == fault]
+        submitted = sum(r.submitted for r in runs)
+        if submitted:
+            lost, twice = sum(r.lost for r in runs), sum(r.duplicated for r in runs)
+            found.append(Figure.share(f"{fault}: attempts lost", lost, submitted, "system"))
+            found.append(Figure.share(f"{fault}: stored twice", twice, submitted, "system"))
+        recovered = [r.recover_s for r in runs if r.recover_s is not None]
+        if recovered:
+            median, worst = statistics.median(recovered), max(recovered)
+            found.append(Figure(f"{fault}: recovery, median", median, len(recovered), unit="s"))
+            found.append(Figure(f"{fault}: recovery, max", worst, len(recovered), unit="s"))
+    return found
+
+
+def soak_figures(result: dict[str, Any]) -> list[Figure]:
+    """Attempts lost and stored twice as shares of those submitted; memory growth over the
+    second half and its peak (one run)."""
+    submitted = result["submitted"]
+    return [
+        Figure.share("attempts stored", result["stored"], submitted, "system"),
+        Figure.share("attempts lost", result["lost"], submitted, "system"),
+        Figure.share("attempts stored twice", result["duplicated"], submitted, "system"),
+        Figure.single("RSS growth over the second half", result["second_half_growth"]["rss_mb"],
+                      "MB"),
+        Figure.single("peak RSS", result["peak"]["rss_mb"], "MB"),
+        Figure.single("peak threads", result["peak"]["threads"]),
+        Figure.single("peak open files", result["peak"]["open_files"]),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -48,6 +50,18 @@ class Figure:
         finite = len(values) > 1
         return cls(name, mean, len(values), low if finite else None, high if finite else None,
                    unit, counts)  # fmt: skip
+
+    @classmethod
+    def median(cls, name: str, values: list[float], unit: str = "", counts: str = "") -> Figure:
+        """The median of independent measurements, with the distribution-free interval between
+        the order statistics around it (ranks n/2 -+ 1.96 sqrt(n)/2)."""
+        ordered = sorted(values)
+        n = len(ordered)
+        if n < 6:
+            return cls(name, statistics.median(ordered), n, None, None, unit, counts)
+        half = 1.959964 * math.sqrt(n) / 2
+        low, high = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+        return cls(name, statistics.median(ordered), n, ordered[low], ordered[high], unit, counts)
 
     @classmethod
     def share(cls, name: str, successes: int, n: int, counts: str = "") -> Figure:

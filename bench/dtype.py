@@ -16,7 +16,6 @@ noise the IS cap tolerates, few tokens past the cap); the speed is what it buys.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -30,8 +29,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from agents.policy import PolicyClient  # noqa: E402
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory.records import Sample, SamplingSettings  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import prepare_smollm2  # noqa: E402
@@ -49,6 +48,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     model = prepare_smollm2(ROOT / ".flywheel" / "models")
     work = Path(tempfile.mkdtemp(prefix="dtype-"))
     result: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}}
@@ -59,7 +59,24 @@ def main() -> None:
         result[dtype] = drift(model, samples) | {"tokens_per_s": tokens / seconds}
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Sampling speed in each dtype (one pass each); the importance ratios' spread over the
+    sampled tokens; tokens past the cap and off by more than 10% as shares of them."""
+    found = [Figure.single(f"{d}: sampling", result[d]["tokens_per_s"], "tokens/s")
+             for d in DTYPES]  # fmt: skip
+    for dtype in DTYPES:
+        r, n = result[dtype], result[dtype]["tokens"]
+        found += [
+            Figure.single(f"{dtype}: median |log r|", r["median_abs_log_ratio"]),
+            Figure.single(f"{dtype}: p99 |log r|", r["p99_abs_log_ratio"]),
+            Figure.share(f"{dtype}: tokens off by more than 10%",
+                         round(r["share_off_by_10pct"] * n), n),
+            Figure.share(f"{dtype}: tokens past the IS cap", round(r["share_past_cap"] * n), n),
+        ]  # fmt: skip
+    return found
 
 
 def sample_all(

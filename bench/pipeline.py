@@ -21,9 +21,9 @@ the speed-up.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +37,8 @@ import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import Figure, provenance, write_results  # noqa: E402
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from smollm2_server import smollm2_server  # noqa: E402
@@ -60,33 +62,63 @@ def main() -> None:
     parser.add_argument("--server-url", default=None)
     parser.add_argument("--port", type=int, default=8041)
     parser.add_argument("--workers", action="store_true", help="one worker against two, instead")
+    parser.add_argument("--passes", type=int, default=3, help="raw and flow, alternating")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     if args.workers:
         result = scale_out(args)
         print_scale_out(result)
         if args.json:
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+            write_results(args.json, result, made, scale_out_figures(result))
         return
     with smollm2_server(args.server_url, args.port, "vllm-pipeline.log") as (url, model):
         result = measure(args, url, model.name)
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Raw and flow tokens/s, their ratio paired by pass, the flow's own overhead."""
+    passes = result["passes"]
+    return [
+        Figure.mean("raw vLLM", passes["raw"], "tokens/s"),
+        Figure.mean("collection flow", passes["flow"], "tokens/s"),
+        Figure.mean("flow / raw, paired by pass (goal >= 0.9)", passes["ratio"]),
+        Figure.mean("orchestration overhead per round", passes["overhead"], "s"),
+    ]
+
+
+def scale_out_figures(result: dict[str, Any]) -> list[Figure]:
+    """Seconds to collect the batch in each layout, and the speed-ups (one pass)."""
+    return [
+        *(Figure.single(f"{layout.replace('_', ' ')}: batch collected", result[layout]["seconds"],
+                        "s") for layout in ("one_worker_auto", "one_worker", "two_workers")),
+        Figure.single("two workers over one server on every core", result["speedup"]),
+        Figure.single("two workers over one server, vLLM's binding", result["speedup_vs_auto"]),
+    ]  # fmt: skip
 
 
 def measure(args: argparse.Namespace, url: str, model: str) -> dict[str, Any]:
     tasks = train_tasks("arithmetic", args.tasks, seed=11, held_out=[])
-    raw_tokens, raw_seconds = anyio.run(raw, args, url, model, tasks)
-    flow_tokens, task_seconds, flow_seconds = through_flow(args, url, model, tasks)
+    passes: dict[str, list[float]] = {"raw": [], "flow": [], "ratio": [], "overhead": []}
+    for index in range(args.passes):
+        raw_tokens, raw_seconds = anyio.run(raw, args, url, model, tasks)
+        flow_tokens, task_seconds, flow_seconds = through_flow(args, url, model, tasks)
+        passes["raw"].append(raw_tokens / raw_seconds)
+        passes["flow"].append(flow_tokens / task_seconds)
+        passes["ratio"].append(passes["flow"][-1] / passes["raw"][-1])
+        passes["overhead"].append(flow_seconds - task_seconds)
+        print(f"pass {index + 1}/{args.passes}: raw {passes['raw'][-1]:.1f}, flow "
+              f"{passes['flow'][-1]:.1f} tokens/s", flush=True)  # fmt: skip
     return {
         "settings": {k: str(v) for k, v in vars(args).items()},
-        "raw_tokens_per_s": raw_tokens / raw_seconds,
-        "flow_tokens_per_s": flow_tokens / task_seconds,
-        "ratio": (flow_tokens / task_seconds) / (raw_tokens / raw_seconds),
-        "raw_tokens": raw_tokens,
-        "flow_tokens": flow_tokens,
-        "orchestration_overhead_s": flow_seconds - task_seconds,
+        "raw_tokens_per_s": statistics.median(passes["raw"]),
+        "flow_tokens_per_s": statistics.median(passes["flow"]),
+        "ratio": statistics.median(passes["ratio"]),
+        "orchestration_overhead_s": statistics.median(passes["overhead"]),
+        "passes": passes,
     }
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +61,7 @@ def load(folder: Path = RESULTS) -> list[Result]:
         record = json.loads(path.read_text())
         if not isinstance(record, dict) or "provenance" not in record or "figures" not in record:
             raise SystemExit(
-                f"{path.relative_to(BENCH)}: no provenance or figures; re-measure it with "
+                f"results/{path.name}: no provenance or figures; re-measure it with "
                 "today's code or move it to results/archive/"
             )
         results.append(Result(path, record["provenance"], record["figures"]))
@@ -74,16 +73,15 @@ def render(results: list[Result], archive: list[Path]) -> str:
     parts = [INTRO]
     scripts = sorted({r.script for r in results}, key=_rank)
     for script in scripts:
-        parts.append(f"## {_title(script)}\n")
+        parts.append(f"## `{script}.py`\n\n{_headline(script)}\n")
         for result in (r for r in results if r.script == script):
             parts.append(_table(result))
     if archive:
-        parts.append("## Archive\n")
         parts.append(
-            "Files from earlier code, kept for the findings in docs/experiments.md that cite "
-            "them; they record no machine, and their figures are not shown here:\n"
+            f"## Archive\n\n{len(archive)} files from earlier code are in `results/archive/`, "
+            "kept for the findings in docs/experiments.md that cite them. They record no machine "
+            "and no figures, and are not shown here.\n"
         )
-        parts.append("\n".join(f"- `{p.relative_to(BENCH).as_posix()}`" for p in archive) + "\n")
     return "\n".join(parts)
 
 
@@ -91,12 +89,11 @@ def _rank(script: str) -> tuple[int, str]:
     return (ORDER.index(script) if script in ORDER else len(ORDER), script)
 
 
-def _title(script: str) -> str:
-    """`bench/<script>.py`: the first line of its docstring."""
+def _headline(script: str) -> str:
+    """The first paragraph of `bench/<script>.py`'s docstring."""
     source = BENCH / f"{script}.py"
     doc = ast.get_docstring(ast.parse(source.read_text())) if source.exists() else None
-    headline = doc.split("\n\n")[0].replace("\n", " ") if doc else script
-    return f"`{script}.py`: {headline}"
+    return doc.split("\n\n")[0] if doc else ""
 
 
 def _table(result: Result) -> str:
@@ -105,7 +102,7 @@ def _table(result: Result) -> str:
     where = f"{machine['cpu']}, {machine['cores']} cores, {machine.get('dtype', 'dtype unknown')}"
     dirty = " (uncommitted changes)" if made.get("dirty") else ""
     lines = [
-        f"`{result.path.relative_to(BENCH).as_posix()}` · {made['date'][:10]} · commit "
+        f"`results/{result.path.name}` · {made['date'][:10]} · commit "
         f"`{made['commit']}`{dirty} · {where}",
         "",
         f"    {made['command']}",
@@ -124,12 +121,14 @@ def _table(result: Result) -> str:
 def _value(value: float, unit: str) -> str:
     if unit == "share":
         return f"{value:.3f}"
-    if math.isfinite(value) and value == int(value) and abs(value) < 1e9:
-        number = f"{int(value)}"
+    if isinstance(value, int):
+        number = f"{value}"
     elif abs(value) >= 100:
         number = f"{value:.1f}"
+    elif abs(value) >= 1:
+        number = f"{value:.2f}"
     else:
-        number = f"{value:.3g}"
+        number = f"{value:.3f}"
     return f"{number} {unit}".strip()
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from verifiers.coding import HARNESS, train_tasks, verify  # noqa: E402
 from verifiers.sandbox import SYSTEM_PYTHON, Isolation, Sandbox, Status, best_isolation  # noqa: E402
 
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     bare = [bare_run() for _ in range(args.runs)]
     rows = [row("bare subprocess", bare, throughput(bare_run, args), baseline=bare)]
     for isolation in levels():
@@ -55,7 +56,21 @@ def main() -> None:
     }
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Each isolation level's overhead over a bare subprocess (median over runs, its interval
+    from the order statistics), and its executions/s with `--workers` at once (one pass)."""
+    found = []
+    for r in result["rows"][1:]:
+        found.append(Figure.median(f"{r['isolation']}: overhead per execution",
+                                   r["overhead_ms"], "ms"))  # fmt: skip
+        found.append(Figure.single(f"{r['isolation']}: executions/s, "
+                                   f"{result['settings']['workers']} at once",
+                                   r["executions_per_s"]))  # fmt: skip
+    found.append(Figure.single("one code-task verification", result["verify_ms"], "ms"))
+    return found
 
 
 def levels() -> list[Isolation]:
@@ -99,6 +114,7 @@ def row(name: str, timings: list[float], rate: float, baseline: list[float]) -> 
         "overhead_p50_ms": statistics.median(overhead),
         "overhead_p99_ms": overhead[int(0.99 * (len(overhead) - 1))],
         "executions_per_s": rate,
+        "overhead_ms": overhead,
     }
 
 

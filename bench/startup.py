@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from smollm2_server import fixed_server  # noqa: E402
 
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from cli.launch import _start  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
@@ -32,8 +30,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reviewer", choices=sorted(REVIEWERS), default="qwen2.5-coder-0.5b")
     parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--passes", type=int, default=2, help="of each order, alternating")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     models = ROOT / ".flywheel" / "models"
     logs = Path(tempfile.mkdtemp(prefix="startup-"))
     policy = fixed_server(prepare_smollm2(models), args.port, "policy.log", None, "float32", logs)
@@ -42,16 +42,18 @@ def main() -> None:
         "float32", logs,
     )  # fmt: skip
     pair = side_by_side(policy.model_copy(update={"weights": "merged"}), reviewer)
-    seconds = {
-        "one after the other": started(*pair, together=False),
-        "side by side": started(*pair, together=True),
-    }
-    rows = [(how, f"{s:.0f}") for how, s in seconds.items()]
+    passes: dict[str, list[float]] = {"one after the other": [], "side by side": []}
+    for _ in range(args.passes):
+        passes["one after the other"].append(started(*pair, together=False))
+        passes["side by side"].append(started(*pair, together=True))
+    rows = [(how, " ".join(f"{s:.0f}" for s in seconds)) for how, seconds in passes.items()]
     print(text_table(("servers started", "seconds until both generate"), rows))
-    print(f"saved: {seconds['one after the other'] - seconds['side by side']:.0f} s")
     if args.json:
-        figures: dict[str, Any] = {"reviewer": args.reviewer, "seconds": seconds}
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        payload = {"settings": {"reviewer": args.reviewer, "passes": args.passes},
+                   "seconds": passes}  # fmt: skip
+        figures = [Figure.mean(f"both generate, started {how}", seconds, "s")
+                   for how, seconds in passes.items()]  # fmt: skip
+        write_results(args.json, payload, made, figures)
 
 
 def started(*servers: ServerSettings, together: bool) -> float:

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import random
@@ -33,10 +32,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from sqlalchemy import create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory import library, store, workqueue  # noqa: E402
 from memory.embedding import Embedder  # noqa: E402
 from memory.library import LibrarySettings  # noqa: E402
@@ -66,6 +65,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         rows.append(measure("sqlite", f"sqlite:///{folder}/bench.db", args))
@@ -76,7 +76,26 @@ def main() -> None:
     result["databases"] = rows
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Per database (one pass each): ingest, read and claim rates; items claimed twice or lost
+    as shares of those claimed; retrieval's p99."""
+    items = result["settings"]["items"]
+    found = []
+    for db in result["databases"]:
+        name = db["database"]
+        found += [
+            Figure.single(f"{name}: trajectories stored", db["trajectories_per_s"], "/s"),
+            Figure.single(f"{name}: trajectories read back", db["loaded_per_s"], "/s"),
+            Figure.single(f"{name}: work items claimed", db["claims_per_s"], "/s"),
+            Figure.share(f"{name}: items claimed twice", db["duplicates"], items, "system"),
+            Figure.share(f"{name}: items lost", db["lost"], items, "system"),
+        ]
+        found += [Figure.single(f"{name}: {key.replace('_', ' ')}", db[key], "ms")
+                  for key in db if key.endswith("p99_ms")]  # fmt: skip
+    return found
 
 
 def measure(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:

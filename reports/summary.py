@@ -6,6 +6,7 @@ import math
 
 from pydantic import BaseModel, Field
 
+from reports.intervals import Z, mean_interval, wilson
 from reports.table import text_table
 
 
@@ -62,6 +63,7 @@ def format_table(summary: RunSummary) -> str:
         "bare ok",
         "train tok",
         "pass@1",
+        "95%",
         "format",
         "promoted",
     )
@@ -74,6 +76,7 @@ def format_table(summary: RunSummary) -> str:
             "-",
             "-",
             f"{summary.baseline_pass_at_1:.3f}",
+            _wilson(summary.baseline_pass_at_1, summary.eval_tasks),
             f"{summary.baseline_format_rate:.2f}",
             "-",
         )
@@ -88,12 +91,16 @@ def format_table(summary: RunSummary) -> str:
                 _ratio(r.bare_successes, r.bare_rollouts),
                 str(r.train_tokens),
                 _fmt(r.eval_pass_at_1, 3),
+                _wilson(r.eval_pass_at_1, summary.eval_tasks),
                 _fmt(r.eval_format_rate, 2),
                 "yes" if r.promoted else "no",
             )
         )
     lines = [text_table(header, rows), ""]
-    lines.append(f"held-out: {summary.eval_tasks} {summary.taskset} tasks, greedy, no guidance")
+    lines.append(
+        f"held-out: {summary.eval_tasks} {summary.taskset} tasks, greedy, no guidance "
+        "(95%: Wilson's interval)"
+    )
     lines.append("bare ok: success rate of the train attempts sampled with no guidance")
     lines.append(_verdict(summary))
     if summary.failed_tasks:
@@ -106,32 +113,41 @@ def format_table(summary: RunSummary) -> str:
 
 
 def _verdict(summary: RunSummary) -> str:
-    """Best version against the base, judged against the noise of the held-out evaluation.
+    """Best version against the base, with the 95% interval of the gain.
 
-    Both are scored on the same tasks, so the test is paired (McNemar): of the tasks where they
-    differ, the version must win more than it loses by over 2 standard errors. Without the
-    per-task counts it falls back to the unpaired difference of two proportions.
+    Both are scored on the same tasks, so the gain is paired: the mean of per-task differences
+    (+1 gained, -1 lost, 0 otherwise) with Student's interval. Without the per-task counts it
+    falls back to the difference of two independent shares (normal interval). The verdict is
+    "improved" or "worse" only when the interval excludes zero.
     """
     scored = [r for r in summary.rounds if r.eval_pass_at_1 is not None]
     if not scored:
         return "no round produced a new version."
     best_round = max(scored, key=lambda r: r.eval_pass_at_1 or 0.0)
-    best, base = best_round.eval_pass_at_1 or 0.0, summary.baseline_pass_at_1
+    best, base, n = best_round.eval_pass_at_1 or 0.0, summary.baseline_pass_at_1, summary.eval_tasks
     change = f"best held-out pass@1 {best:.3f} vs base {base:.3f}"
     gained, lost = best_round.eval_gained, best_round.eval_lost
-    margin: float
-    if gained is not None and lost is not None:
-        margin, noise = gained - lost, 2 * math.sqrt(gained + lost)
-        detail = f"{gained} tasks gained, {lost} lost; 2 standard errors: {noise:.1f} tasks"
+    if gained is not None and lost is not None and n > 1:
+        tasks = [1.0] * gained + [-1.0] * lost + [0.0] * max(0, n - gained - lost)
+        gain, low, high = mean_interval(tasks)
+        detail = f"{gained} tasks gained, {lost} lost of {n}"
     else:
-        p = max(min((best + base) / 2, 1 - 1e-9), 1e-9)
-        margin, noise = best - base, 2 * math.sqrt(2 * p * (1 - p) / summary.eval_tasks)
-        detail = f"2 standard errors: {noise:.3f}"
-    if margin > noise:
-        return f"improved: {change} ({detail})."
-    if -margin > noise:
-        return f"worse: {change} ({detail})."
-    return f"no clear change: {change}, within noise ({detail})."
+        half = Z * math.sqrt((best * (1 - best) + base * (1 - base)) / max(n, 1))
+        gain, low, high = best - base, best - base - half, best - base + half
+        detail = f"{n} tasks, unpaired"
+    gain_text = f"gain {gain:+.3f} (95% {low:+.3f} to {high:+.3f}; {detail})"
+    if low > 0:
+        return f"improved: {change}, {gain_text}."
+    if high < 0:
+        return f"worse: {change}, {gain_text}."
+    return f"no clear change: {change}, {gain_text}."
+
+
+def _wilson(share: float | None, n: int) -> str:
+    if share is None or n == 0:
+        return "-"
+    low, high = wilson(round(share * n), n)
+    return f"{low:.2f}-{high:.2f}"
 
 
 def _ratio(hits: int, total: int) -> str:

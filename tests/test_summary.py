@@ -28,7 +28,8 @@ def summary(base: float, best: float | None, eval_tasks: int = 64) -> RunSummary
 def test_the_verdict_weighs_the_change_against_evaluation_noise() -> None:
     assert "no clear change" in format_table(summary(0.266, 0.297))
     assert format_table(summary(0.2, 0.6)).endswith(
-        "improved: best held-out pass@1 0.600 vs base 0.200 (2 standard errors: 0.173)."
+        "improved: best held-out pass@1 0.600 vs base 0.200, "
+        "gain +0.400 (95% +0.245 to +0.555; 64 tasks, unpaired)."
     )
     assert "worse:" in format_table(summary(0.6, 0.2))
     assert "improved" in format_table(summary(0.266, 0.297, eval_tasks=20_000))
@@ -40,10 +41,12 @@ def test_the_verdict_is_paired_when_per_task_counts_are_known() -> None:
     gained = run.model_copy(
         update={"rounds": [run.rounds[0].model_copy(update={"eval_gained": 13, "eval_lost": 4})]}
     )
-    assert format_table(gained).endswith(
-        "improved: best held-out pass@1 0.406 vs base 0.266 "
-        "(13 tasks gained, 4 lost; 2 standard errors: 8.2 tasks)."
+    table = format_table(gained)
+    assert table.endswith(
+        "improved: best held-out pass@1 0.406 vs base 0.266, "
+        "gain +0.141 (95% +0.018 to +0.263; 13 tasks gained, 4 lost of 64)."
     )
+    assert "0.266   0.17-0.38" in table and "0.406   0.29-0.53" in table
     mixed = run.model_copy(
         update={"rounds": [run.rounds[0].model_copy(update={"eval_gained": 10, "eval_lost": 6})]}
     )

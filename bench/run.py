@@ -1,0 +1,157 @@
+"""The default run, end to end: `make run` against `make run REVIEWER=`, several runs of each.
+
+Each run is `flywheel run` with the Makefile's defaults (the reviewer's arm: `--reviewer
+qwen2.5-coder-0.5b --config examples/reviewer.toml`; the policy alone: no flags), from an
+empty store in a folder of its own (and Prefect's temporary server, so that no run leaves one
+behind), the two arms alternating so that a slow spell of the machine
+falls on both. From each run's summary: the wall time of the run and of each stage, and the
+held-out pass@1 of the version the gate kept serving, with its paired gain over the base model
+on the same tasks. The arms' final pass@1 are compared with Welch's interval over runs.
+
+    .venv/bin/python bench/run.py [--runs 3] [--arms reviewer,alone] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import Figure, provenance, write_results  # noqa: E402
+from reports.intervals import mean_interval, welch_difference  # noqa: E402
+from reports.table import text_table  # noqa: E402
+
+ARMS = {
+    "reviewer": ["--reviewer", "qwen2.5-coder-0.5b", "--config", "examples/reviewer.toml"],
+    "alone": [],
+}
+STAGES = ("collect", "train", "merge", "swap", "evaluate")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="of each arm")
+    parser.add_argument("--arms", default="reviewer,alone", help=f"of {', '.join(ARMS)}")
+    parser.add_argument("--port", type=int, default=8091)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    if unknown := set(arms) - set(ARMS):
+        parser.error(f"unknown arm {sorted(unknown)[0]}; arms: {', '.join(ARMS)}")
+    made = provenance()
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    for index in range(args.runs):
+        for arm in arms:
+            print(f"run {index + 1}/{args.runs} of {arm} ...", flush=True)
+            runs[arm].append(one_run(arm, args.port))
+            print(f"  {describe(runs[arm][-1])}", flush=True)
+    print_table(runs)
+    if args.json:
+        payload = {"settings": {"runs": args.runs, "arms": arms}, "runs": runs}
+        write_results(args.json, payload, made, figures(runs))
+
+
+def one_run(arm: str, port: int) -> dict[str, Any]:
+    """`flywheel run` of `arm` from an empty store; its summary's figures."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-run-{arm}-") as scratch:
+        work = Path(scratch)
+        command = [
+            str(ROOT / ".venv" / "bin" / "flywheel"), "run", *ARMS[arm],
+            "--db", f"sqlite:///{work / 'flywheel.db'}", "--workdir", str(work),
+            "--summary-json", str(work / "summary.json"), "--port", str(port),
+            "--prefect", "temporary",
+        ]  # fmt: skip
+        started = time.monotonic()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        seconds = time.monotonic() - started
+        if done.returncode != 0:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise SystemExit(f"flywheel run ({arm}) exited {done.returncode}: {tail}")
+        summary = json.loads((work / "summary.json").read_text())
+    return figures_of(summary, seconds)
+
+
+def figures_of(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """What one run's summary says: stage seconds, and the kept version's pass@1 and its paired
+    gain over the base (the base itself where no round was promoted)."""
+    rounds = summary["rounds"]
+    kept = next((r for r in reversed(rounds) if r["promoted"]), None)
+    n = summary["eval_tasks"]
+    gained, lost = (kept["eval_gained"], kept["eval_lost"]) if kept else (0, 0)
+    return {
+        "command_seconds": seconds,
+        "wall_seconds": summary["wall_seconds"],
+        "rounds": [r["wall_seconds"] for r in rounds],
+        "base_pass_at_1": summary["baseline_pass_at_1"],
+        "final_pass_at_1": kept["eval_pass_at_1"] if kept else summary["baseline_pass_at_1"],
+        "final_version": kept["policy_version"] if kept else summary["base_model"],
+        "per_round_pass_at_1": [r["eval_pass_at_1"] for r in rounds],
+        "gained": gained,
+        "lost": lost,
+        "eval_tasks": n,
+    }
+
+
+def describe(run: dict[str, Any]) -> str:
+    return (
+        f"{run['command_seconds']:.0f} s, pass@1 {run['base_pass_at_1']:.3f} -> "
+        f"{run['final_pass_at_1']:.3f} ({run['gained']} gained, {run['lost']} lost)"
+    )
+
+
+def paired_gain(run: dict[str, Any]) -> tuple[float, float, float]:
+    """The kept version's gain over the base on the same tasks, with its 95% interval."""
+    n, gained, lost = run["eval_tasks"], run["gained"], run["lost"]
+    return mean_interval([1.0] * gained + [-1.0] * lost + [0.0] * (n - gained - lost))
+
+
+def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
+    """Per arm, over its runs: the command's wall time, each stage's seconds, the final pass@1
+    and its gain over the base; then the arms' difference in final pass@1 (Welch)."""
+    found = []
+    for arm, done in runs.items():
+        counts = "policy and reviewer" if arm == "reviewer" else "policy"
+        found.append(Figure.mean(f"{arm}: wall time of the command",
+                                 [r["command_seconds"] for r in done], "s"))  # fmt: skip
+        for stage in ("server_start", *STAGES, "total"):
+            values = [r["wall_seconds"].get(stage, 0.0) for r in done]
+            if any(values):
+                found.append(Figure.mean(f"{arm}: {stage} stage, all rounds", values, "s"))
+        found.append(Figure.mean(f"{arm}: final held-out pass@1",
+                                 [r["final_pass_at_1"] for r in done], counts=counts))  # fmt: skip
+        found.append(Figure.mean(f"{arm}: final minus base, paired per run",
+                                 [paired_gain(r)[0] for r in done], counts=counts))  # fmt: skip
+    if len(runs) == 2 and all(len(done) >= 2 for done in runs.values()):
+        (a, done_a), (b, done_b) = runs.items()
+        diff, low, high = welch_difference([r["final_pass_at_1"] for r in done_a],
+                                           [r["final_pass_at_1"] for r in done_b])  # fmt: skip
+        found.append(Figure(f"{a} minus {b}, final pass@1 (Welch over runs)", diff,
+                            len(done_a) + len(done_b), low, high))  # fmt: skip
+    return found
+
+
+def print_table(runs: dict[str, list[dict[str, Any]]]) -> None:
+    rows = []
+    for arm, done in runs.items():
+        for index, r in enumerate(done, 1):
+            gain, low, high = paired_gain(r)
+            stages = " ".join(f"{r['wall_seconds'].get(s, 0):.0f}" for s in STAGES)
+            rows.append([
+                arm, str(index), f"{r['command_seconds']:.0f}", stages,
+                " ".join("-" if p is None else f"{p:.3f}" for p in r["per_round_pass_at_1"]),
+                f"{r['final_pass_at_1']:.3f}", f"{gain:+.3f} ({low:+.3f} to {high:+.3f})",
+            ])  # fmt: skip
+    header = ["arm", "run", "wall s", " ".join(STAGES), "pass@1 per round", "final", "gain (95%)"]
+    print(text_table(header, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The results page is what the results files give, byte for byte, and no file without its
+provenance and figures reaches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.common import Figure
+from bench.results import PAGE, RESULTS, Result, load, render
+
+
+def test_the_committed_page_is_what_the_committed_files_give() -> None:
+    page = render(load(), sorted((RESULTS / "archive").glob("*")))
+    assert PAGE.read_text() == page, "bench/README.md is stale: run make results"
+
+
+def test_every_results_file_records_how_it_was_made() -> None:
+    for result in load():
+        made = result.provenance
+        assert made["command"].startswith(".venv/bin/python bench/"), result.path
+        assert made["commit"] and made["date"] and made["machine"]["cores"], result.path
+        assert result.figures, result.path
+
+
+def test_a_file_without_provenance_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "typed.json").write_text(json.dumps({"tokens_per_s": 12.0}))
+    with pytest.raises(SystemExit, match="typed.json: no provenance or figures"):
+        load(tmp_path)
+
+
+def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> None:
+    figures = [Figure.share("held-out pass@1", 16, 64, "policy").__dict__,
+               Figure.mean("tokens", [10.0, 12.0, 14.0], "tokens/s").__dict__,
+               Figure.single("wall time", 389.6, "s").__dict__]  # fmt: skip
+    made = {"command": ".venv/bin/python bench/train.py --passes 3", "commit": "abc1234",
+            "date": "2026-12-03T10:00:00Z", "dirty": False,
+            "machine": {"cpu": "AMD EPYC", "cores": 2, "dtype": "float32"}}  # fmt: skip
+    page = render([Result(tmp_path / "train.json", made, figures)], [])
+    assert "| held-out pass@1 | 0.250 | 64 | 0.160 to 0.368 | policy |" in page
+    assert "| tokens | 12.00 tokens/s | 3 | 7.03 to 16.97 | - |" in page
+    assert "| wall time | 389.6 s | 1 | - | - |" in page
+    assert "commit `abc1234` · AMD EPYC, 2 cores, float32" in page
+    assert "    .venv/bin/python bench/train.py --passes 3" in page
+
+
+def test_a_run_is_read_from_its_summary_and_the_arms_compared_over_runs() -> None:
+    from bench.run import figures, figures_of
+
+    def summary(kept: bool, gained: int, lost: int, final: float) -> dict:
+        rounds = [{"promoted": kept, "eval_gained": gained, "eval_lost": lost,
+                   "eval_pass_at_1": final, "policy_version": "policy-r1",
+                   "wall_seconds": {"collect": 100.0}}]  # fmt: skip
+        wall = {"collect": 100.0, "total": 900.0}
+        return {"rounds": rounds, "eval_tasks": 64, "baseline_pass_at_1": 0.266,
+                "base_model": "SmolLM2", "wall_seconds": wall}  # fmt: skip
+
+    refused = figures_of(summary(False, 3, 9, 0.172), 950.0)
+    assert refused["final_pass_at_1"] == 0.266 and (refused["gained"], refused["lost"]) == (0, 0)
+    runs = {"reviewer": [figures_of(summary(True, 16, 5, 0.438), 960.0),
+                         figures_of(summary(True, 14, 4, 0.422), 940.0)],
+            "alone": [refused, figures_of(summary(True, 7, 6, 0.281), 530.0)]}  # fmt: skip
+    found = {f.name: f for f in figures(runs)}
+    assert found["reviewer: final held-out pass@1"].value == pytest.approx(0.43)
+    assert found["alone: final minus base, paired per run"].value == pytest.approx(1 / 128)
+    welch = found["reviewer minus alone, final pass@1 (Welch over runs)"]
+    assert welch.value == pytest.approx(0.43 - (0.266 + 0.281) / 2) and welch.n == 4
+    assert found["reviewer: total stage, all rounds"].value == 900.0

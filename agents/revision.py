@@ -15,7 +15,7 @@ checks the fix, and a fix that passes becomes an off-policy training sample.
    With `revise_blind` the reviewer is not shown the attempt: it answers the bare prompt afresh,
    after the worked example. A small reviewer shown a wrong answer tends to copy it (Qwen2.5-
    Coder-0.5B repeated its parent's wrong answer in most draws); answering afresh, it solved
-   three times as many of the groups that all failed (bench/README.md).
+   nearly twice as many of the groups that all failed (docs/experiments.md).
 3. The revision is verified like any answer. Its text is tokenised by the policy's server as the
    policy's own answer to the bare prompt, closed by the template's end-of-turn token, so
    training can score it token for token. The reviewer's sampling probabilities belong

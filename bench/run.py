@@ -6,7 +6,8 @@ empty store in a folder of its own (and Prefect's temporary server, so that no r
 behind), the two arms alternating so that a slow spell of the machine
 falls on both. From each run's summary: the wall time of the run and of each stage, and the
 held-out pass@1 of the version the gate kept serving, with its paired gain over the base model
-on the same tasks. The arms' final pass@1 are compared with Welch's interval over runs.
+on the same tasks; and the table the run printed, as a user sees it. The arms' final pass@1 are
+compared with Welch's interval over runs.
 
     .venv/bin/python bench/run.py [--runs 3] [--arms reviewer,alone] [--json PATH]
 """
@@ -76,7 +77,7 @@ def one_run(arm: str, port: int) -> dict[str, Any]:
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
             raise SystemExit(f"flywheel run ({arm}) exited {done.returncode}: {tail}")
         summary = json.loads((work / "summary.json").read_text())
-    return figures_of(summary, seconds)
+    return figures_of(summary, seconds) | {"printed": done.stdout.strip().splitlines()[-40:]}
 
 
 def figures_of(summary: dict[str, Any], seconds: float) -> dict[str, Any]:

@@ -371,7 +371,7 @@ def split_cores() -> tuple[str, str]:
 def all_cores() -> str:
     """Every core this process may run on, for a server alone on its host: measured on 2
     cores, collection ran 1.27x faster pinned to both than with vLLM's own binding, which
-    computes on one (bench/README.md)."""
+    computes on one (docs/experiments.md)."""
     return _core_list(sorted(os.sched_getaffinity(0)))
 
 

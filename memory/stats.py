@@ -1,5 +1,5 @@
-"""Counts for status pages and reports: attempts per purpose, a batch's time span, and the
-success rate per strategy (SGE)."""
+"""Counts for status pages and reports: attempts per purpose, held-out tasks per version, a
+batch's time span, and the success rate per strategy (SGE)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,16 @@ def attempt_counts(session: Session) -> dict[str, int]:
         .group_by(RolloutGroupRow.purpose)
     )
     return {purpose: count for purpose, count in session.execute(query)}
+
+
+def eval_task_counts(session: Session) -> dict[str, int]:
+    """Held-out tasks scored per policy version: the n behind its pass@1."""
+    query = (
+        select(RolloutGroupRow.policy_version, func.count(func.distinct(RolloutGroupRow.task_id)))
+        .where(RolloutGroupRow.purpose == "eval")
+        .group_by(RolloutGroupRow.policy_version)
+    )
+    return {version: count for version, count in session.execute(query)}
 
 
 def attempt_time_span(session: Session, purpose: GroupPurpose, round_index: int) -> float:

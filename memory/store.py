@@ -49,6 +49,7 @@ from memory.rounds import (
 from memory.stats import (
     attempt_counts,
     attempt_time_span,
+    eval_task_counts,
     strategy_stats,
 )
 from memory.versions import (
@@ -73,6 +74,7 @@ __all__ = [
     "attempt_steps",
     "attempt_time_span",
     "captured_exchange",
+    "eval_task_counts",
     "group_segments",
     "group_tasks",
     "groups_by_id",

@@ -4,7 +4,8 @@ Drawn from the store alone: held-out pass@1 per version, the success rate of fir
 context (bare, worked example, insights, strategies) per round, generated and trained tokens per
 round, time per stage (collection as the span of a round's stored attempts, training from the
 round's record), and the experience library: its size over time and each lesson's utility
-against how often it was shown. Plots are PNGs inside the one HTML file.
+against how often it was shown. Every rate carries its n and Wilson's 95% interval, in the table
+and as the plots' error bars. Plots are PNGs inside the one HTML file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from memory import library, store, workqueue
 from memory.folders import atomic_file
+from reports.intervals import wilson
 from reports.table import text_table
 
 
@@ -40,10 +42,20 @@ class RoundRow(BaseModel):
     train_seconds: float
 
 
+class VersionRow(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    round_index: int
+    pass_at_1: float | None
+    n: int  # held-out tasks scored
+    promoted: bool
+
+
 class Report(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    versions: list[tuple[str, int, float | None, bool]]
+    versions: list[VersionRow]
     rounds: list[RoundRow]
     library_sizes: list[tuple[str, int]] = []  # (ISO time, active lessons)
     lessons: list[tuple[int, float, str]] = []  # (exposures, utility, text)
@@ -51,10 +63,12 @@ class Report(BaseModel):
 
 
 def build(session: Session) -> Report:
+    scored = store.eval_task_counts(session)
     versions = [
-        (v.name, v.round_index, v.eval_pass_at_1, v.promoted)
+        VersionRow(name=v.name, round_index=v.round_index, pass_at_1=v.eval_pass_at_1,
+                   n=scored.get(v.name, 0), promoted=v.promoted)
         for v in store.policy_versions(session)
-    ]
+    ]  # fmt: skip
     rounds = [_round_row(session, r) for r in store.training_rounds(session, last=1000)]
     sizes = [(at.isoformat(), n) for at, n in library.size_history(session)]
     lessons = [(e.exposures, e.utility, e.text) for e in library.lessons(session)]
@@ -91,7 +105,8 @@ def _round_row(session: Session, record: Any) -> RoundRow:
 
 def format_table(report: Report) -> str:
     contexts = sorted({c for r in report.rounds for c in r.success_by_context})
-    header = ["round", "mode", "version", "pass@1", *[f"ok:{c}" for c in contexts]]
+    scored = {v.name: v.n for v in report.versions}
+    header = ["round", "mode", "version", "pass@1 (95%, n)", *[f"ok:{c}" for c in contexts]]
     header += ["gen tok", "train tok", "collect s", "train s"]
     rows = []
     for r in report.rounds:
@@ -100,7 +115,7 @@ def format_table(report: Report) -> str:
                 str(r.round_index),
                 r.method,
                 r.policy_out or "-",
-                "-" if r.eval_pass_at_1 is None else f"{r.eval_pass_at_1:.3f}",
+                _with_interval(r.eval_pass_at_1, scored.get(r.policy_out or "", 0), 3),
                 *[_rate(r, c) for c in contexts],
                 str(r.generated_tokens),
                 str(r.train_tokens),
@@ -111,7 +126,10 @@ def format_table(report: Report) -> str:
     lines = [text_table(header, rows)]
     if not report.rounds:
         lines.append("(no rounds yet: run `flywheel run`)")
-    lines.append("ok:<context> = success rate of first attempts sampled under that context")
+    lines.append(
+        "ok:<context> = success rate of first attempts sampled under that context; "
+        "(95%, n) = Wilson's interval and the tasks or attempts it counts"
+    )
     if report.failed:
         lines += ["", f"failed tasks ({len(report.failed)}):"]
         failed_rows = [(str(r), purpose, task, whose, error[:120])
@@ -144,7 +162,16 @@ pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head>
 
 def _rate(row: RoundRow, context: str) -> str:
     rate = row.success_by_context.get(context)
-    return "-" if rate is None else f"{rate:.2f}"
+    return _with_interval(rate, row.attempts_by_context.get(context, 0), 2)
+
+
+def _with_interval(share: float | None, n: int, digits: int) -> str:
+    if share is None:
+        return "-"
+    if not n:
+        return f"{share:.{digits}f}"
+    low, high = wilson(round(share * n), n)
+    return f"{share:.{digits}f} ({low:.2f}-{high:.2f}, {n})"
 
 
 def _png(figure: Any) -> str:
@@ -164,19 +191,30 @@ def _pyplot() -> Any:
 
 
 def _versions_plot(report: Report) -> str | None:
-    scored = [(name, score) for name, _, score, _ in report.versions if score is not None]
+    scored = [v for v in report.versions if v.pass_at_1 is not None]
     if not scored:
         return None
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(8, 3.5))
-    axis.bar(range(len(scored)), [s for _, s in scored], color="#4c72b0")
-    axis.set_xticks(range(len(scored)), [n for n, _ in scored], rotation=30, ha="right")
+    values = [v.pass_at_1 or 0.0 for v in scored]
+    axis.bar(range(len(scored)), values, yerr=_error_bars(values, [v.n for v in scored]),
+             capsize=4, color="#4c72b0")  # fmt: skip
+    axis.set_xticks(range(len(scored)), [v.name for v in scored], rotation=30, ha="right")
     axis.set_ylabel("held-out pass@1")
-    axis.set_title("held-out pass@1 per version")
+    axis.set_title("held-out pass@1 per version (95% Wilson interval)")
     axis.set_ylim(0, 1)
     png = _png(figure)
     plt.close(figure)
     return png
+
+
+def _error_bars(shares: list[float], counts: list[int]) -> list[list[float]]:
+    """Matplotlib's asymmetric error bars for Wilson's interval of each share (none where its
+    n is not known)."""
+    intervals = [wilson(round(p * n), n) if n else (p, p)
+                 for p, n in zip(shares, counts, strict=True)]  # fmt: skip
+    return [[p - low for p, (low, _) in zip(shares, intervals, strict=True)],
+            [high - p for p, (_, high) in zip(shares, intervals, strict=True)]]  # fmt: skip
 
 
 def _context_plot(report: Report) -> str | None:
@@ -186,16 +224,15 @@ def _context_plot(report: Report) -> str | None:
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(8, 3.5))
     for context in contexts:
-        points = [
-            (r.round_index, r.success_by_context[context])
-            for r in report.rounds
-            if context in r.success_by_context
-        ]
-        axis.plot(*zip(*points, strict=True), marker="o", label=context)
+        rows = [r for r in report.rounds if context in r.success_by_context]
+        rates = [r.success_by_context[context] for r in rows]
+        errors = _error_bars(rates, [r.attempts_by_context[context] for r in rows])
+        axis.errorbar([r.round_index for r in rows], rates, yerr=errors, marker="o", capsize=3,
+                      label=context)  # fmt: skip
     axis.set_xticks([r.round_index for r in report.rounds])
     axis.set_xlabel("round")
     axis.set_ylabel("success rate")
-    axis.set_title("first-attempt success rate per context")
+    axis.set_title("first-attempt success rate per context (95% Wilson interval)")
     axis.set_ylim(0, 1)
     axis.legend()
     png = _png(figure)

@@ -26,6 +26,10 @@ def seed(db_url: str) -> None:
         group_id = store.save_group(
             session, group.model_copy(update={"attempts": group.attempts[:2] + guided})
         )
+        for index, reward in enumerate([1.0, 0.0, 1.0, 1.0]):  # policy-r1 on 4 held-out tasks
+            held_out = make_group([reward], task_id=f"held-{index}")
+            store.save_group(session, held_out.model_copy(
+                update={"purpose": "eval", "policy_version": "policy-r1"}))  # fmt: skip
         store.save_training_round(
             session,
             TrainingRound(
@@ -54,8 +58,11 @@ def test_report_table_and_page(db_url: str, tmp_path: Path) -> None:
     assert row.success_by_context == {"bare": 0.5, "demo": 0.5}
     assert row.attempts_by_context == {"bare": 2, "demo": 2}
     assert row.train_tokens == 40 and row.train_seconds == 12.0
+    assert [(v.name, v.n) for v in report.versions] == [("base", 0), ("policy-r1", 4)]
     table = format_table(report)
     assert "ok:bare" in table and "ok:demo" in table and "policy-r1" in table
+    assert "0.500 (0.15-0.85, 4)" in table  # pass@1 with Wilson's interval over its 4 tasks
+    assert "0.50 (0.09-0.91, 2)" in table  # first attempts under the worked example
     page = tmp_path / "report.html"
     write_html(report, page)
     text = page.read_text()

@@ -24,7 +24,6 @@ passes (each capturing pass over the plain one just before it).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -40,8 +39,12 @@ from openai import OpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-from bench.common import stop_serve  # noqa: E402
+from bench.common import (  # noqa: E402
+    Figure,
+    provenance,
+    stop_serve,  # noqa: E402
+    write_results,
+)
 from bench.serving import free_port, seed_store, server_settings_for  # noqa: E402
 from examples.agent import ADD, solve  # noqa: E402
 from memory import store  # noqa: E402
@@ -79,6 +82,7 @@ def main() -> None:
     parser.add_argument("--loop", action="store_true", help="also: feedback to a new version")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     model = prepare_smollm2(ROOT / ".flywheel" / "models")
     served = model if args.model == "smollm2" else Path(args.model).resolve()
     with tempfile.TemporaryDirectory(prefix="bench-capture-") as scratch:
@@ -87,7 +91,31 @@ def main() -> None:
             results["loop"] = feedback_to_serving(model, Path(scratch) / "loop")
     print_table(results)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(args.json, results, made, figures(results))
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    """Capture's cost (capturing over plain throughput, paired by pass), and per kind of session
+    the share stitched into one sequence and the share equal to the server's rendering."""
+    found = []
+    if results.get("paired_ratios"):
+        found.append(Figure.mean("capture on / capture off, paired by pass (goal >= 0.95)",
+                                 results["paired_ratios"]))  # fmt: skip
+    for kind in ("chat", "agent"):
+        row = results[kind]
+        if row["multi_turn"]:
+            found.append(Figure.share(f"{kind}: multi-turn sessions stitched", row["stitched"],
+                                      row["multi_turn"], "system"))  # fmt: skip
+        if row["stitched"]:
+            found.append(
+                Figure.share(
+                    f"{kind}: stitched sessions equal to the server's rendering",
+                    row["equal_to_rendering"],
+                    row["stitched"],
+                    "system",
+                )
+            )
+    return found
 
 
 def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:

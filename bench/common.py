@@ -108,12 +108,16 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    from serving.server import cpu_dtype
+    try:
+        from serving.server import cpu_dtype
 
+        dtype = cpu_dtype()
+    except ImportError:  # a machine with the trainer's packages only
+        dtype = "unknown"
     return {
         "cpu": model,
         "cores": os.cpu_count(),
-        "dtype": cpu_dtype(),
+        "dtype": dtype,
         "system": platform.platform(terse=True),
     }
 

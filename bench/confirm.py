@@ -27,7 +27,7 @@ import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from bench.learn import final_version, paired  # noqa: E402
 from bench.smollm2_server import fixed_server  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8061)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     runs = {label: _final(folder) for label, folder in labelled(args.arm).items()}
     taskset = next(iter(runs.values()))["taskset"]
     trained = set().union(*(run["trained"] for run in runs.values()))
@@ -76,7 +77,19 @@ def main() -> None:
     result["paired"] = paired(result["runs"])
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Each run's final version on the fresh tasks (Wilson), and each run's paired difference
+    from the first on the same tasks."""
+    found = [Figure.share(f"{name} ({run['version']}): pass@1 on fresh tasks",
+                          sum(run["solved"].values()), len(run["solved"]), "policy")
+             for name, run in result["runs"].items()]  # fmt: skip
+    found += [Figure(f"{name} minus {pair['vs']}, on the same fresh tasks", pair["difference"],
+                     pair["tasks"], pair["low"], pair["high"], counts="policy")
+              for name, pair in result["paired"].items()]  # fmt: skip
+    return found
 
 
 def labelled(folders: list[Path]) -> dict[str, Path]:

@@ -21,7 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory import store  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import prepare_smollm2  # noqa: E402
@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--variants", default=VARIANTS, help="JSON list of TrainSettings changes")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     engine = store.open_store(args.db)
     with store.transaction(engine) as session:
         record = store.training_round(session, args.round)
@@ -63,7 +64,10 @@ def main() -> None:
     print_table(results)
     if args.json:
         settings = {k: str(v) for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings, "results": results}, indent=2))
+        names = [json.dumps(r["variant"]) if r["variant"] else "as trained" for r in results]
+        figures = [Figure.single(f"{name}: KL at the end of the round", r["kl_last"])
+                   for name, r in zip(names, results, strict=True)]  # fmt: skip
+        write_results(args.json, {"settings": settings, "results": results}, made, figures)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:

@@ -40,12 +40,12 @@ import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from agents.collector import GroupSpec, collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from agents.strategy import StrategySettings  # noqa: E402
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from bench.smollm2_server import policy_and_reviewer  # noqa: E402
 from memory.records import FIRST_KINDS, VERIFIED_KINDS, Annealing, Attempt, Group  # noqa: E402
 from reports.intervals import paired_difference, wilson  # noqa: E402
@@ -101,6 +101,7 @@ def main() -> None:
     if unknown := set(methods) - set(METHODS):
         parser.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     tasks = train_tasks(args.taskset, args.tasks, seed=7, held_out=[])
+    made = provenance()
     servers = policy_and_reviewer(args.server_url, args.port, "vllm-explore.log", args.reviewer)
     with servers as (url, model, reviewer_url, reviewer_model):
         reviewer = (reviewer_url, reviewer_model) if reviewer_url and reviewer_model else None
@@ -111,8 +112,35 @@ def main() -> None:
             if "plain" in results:
                 compare(results, results["plain"])
             if args.json:
-                args.json.write_text(json.dumps(result, indent=2) + "\n")
+                write_results(args.json, result, made, figures(result))
     print_table(result)
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Per method, the share of tasks solved at equal cost, counting every verified success
+    (the reviewer's revisions included) and counting only the policy's own; the latter's paired
+    difference from plain sampling on the same tasks."""
+    methods = result["methods"]
+    plain = methods.get("plain")
+    found = []
+    for method, m in methods.items():
+        everyone, n = m["solved_at_cost_per_task"], len(m["solved_at_cost_per_task"])
+        revised = bool(METHODS.get(method, {}).get("revise"))
+        if revised:
+            found.append(Figure.share(f"{method}: solved at equal cost, revisions counted",
+                                      sum(everyone), n, "policy and reviewer"))  # fmt: skip
+        # Files from before the policy's own count was kept: only unrevised methods equal it.
+        own = m.get("policy_solved_at_cost_per_task", None if revised else everyone)
+        if own is None:
+            continue
+        found.append(Figure.share(f"{method}: solved at equal cost by the policy itself",
+                                  sum(own), n, "policy"))  # fmt: skip
+        if plain is not None and method != "plain":
+            base = plain.get("policy_solved_at_cost_per_task", plain["solved_at_cost_per_task"])
+            diff, low, high = paired_difference(own, base)
+            found.append(Figure(f"{method} minus plain, solved by the policy at equal cost",
+                                diff, n, low, high, counts="policy"))  # fmt: skip
+    return found
 
 
 SAME = ("taskset", "tasks", "budget", "group_size", "max_tokens")
@@ -183,6 +211,8 @@ async def run_method(
 
     at_tokens = [solved_within(gs, args.budget, lambda a: priced(a, 0.0)) for gs in groups.values()]
     at_cost = [solved_within(gs, args.budget, lambda a: priced(a, cost)) for gs in groups.values()]
+    own = [solved_within(gs, args.budget, lambda a: priced(a, cost), policy_own(model))
+           for gs in groups.values()]  # fmt: skip
     first = [next((a for a in gs[0].attempts if not a.guided), None) for gs in groups.values()]
     attempts = [a for gs in groups.values() for g in gs for a in g.attempts]
     reviewer_tokens = sum(a.generated_tokens for a in attempts if a.policy_version != model)
@@ -198,6 +228,8 @@ async def run_method(
         "solved_interval": wilson(sum(at_tokens), len(at_tokens)),
         "solved_at_cost": statistics.fmean(at_cost),
         "solved_at_cost_interval": wilson(sum(at_cost), len(at_cost)),
+        "policy_solved_at_cost_per_task": own,
+        "policy_solved_at_cost": statistics.fmean(own),
         "first_attempt_pass_at_1": statistics.fmean(bool(a and a.correct) for a in first),
         "tokens_per_task": statistics.fmean(spent.values()),
         **guidance_found(list(groups.values())),
@@ -256,11 +288,15 @@ def compare(results: dict[str, dict[str, Any]], plain: dict[str, Any]) -> None:
 
 
 def solved_within(
-    groups: list[Group], budget: int, price: Callable[[Attempt], float] | None = None
+    groups: list[Group],
+    budget: int,
+    price: Callable[[Attempt], float] | None = None,
+    counts: Callable[[Attempt], bool] | None = None,
 ) -> bool:
     """A success before `budget` is spent (`price(attempt)`: by default its generated tokens):
     first attempts by slot, then the extras (reflections, retries, insights) in the order they
-    were made."""
+    were made. `counts(attempt)` says whose successes count (by default any attempt's); every
+    attempt's price is spent either way."""
     spent = 0.0
     for group in groups:
         ordered = sorted(group.first_attempts, key=lambda a: a.sample_index)
@@ -269,9 +305,15 @@ def solved_within(
             spent += price(attempt) if price else attempt.generated_tokens
             if spent > budget:
                 return False
-            if attempt.correct:
+            if attempt.correct and (counts is None or counts(attempt)):
                 return True
     return False
+
+
+def policy_own(model: str) -> Callable[[Attempt], bool]:
+    """An attempt the policy wrote itself (bare, guided, a retry after a reflection, under a
+    hint), not the reviewer's revision: the successes that count as the policy's."""
+    return lambda attempt: attempt.policy_version == model and attempt.kind != "revision"
 
 
 def print_table(result: dict[str, Any]) -> None:

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -58,9 +58,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from bench.smollm2_server import MODELS, smollm2_server  # noqa: E402
 from memory import store  # noqa: E402
-from reports.intervals import paired_difference  # noqa: E402
+from reports.intervals import paired_difference, wilson  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 
@@ -134,6 +135,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     reviewer = _reviewer_folder(args.reviewer)
+    made = provenance()
     if args.server_url:
         with smollm2_server(args.server_url, args.port, "vllm-learn.log") as (url, model):
             curves = {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}
@@ -147,9 +149,26 @@ def main() -> None:
     }
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result))
     if args.png:
         plot(result, args.png)
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Each arm's final held-out pass@1 (the policy's own, greedy, no guidance; Wilson over the
+    tasks), and each arm's paired difference from the first arm on the same tasks."""
+    found = []
+    for arm, curve in result["arms"].items():
+        solved = list(curve["solved"].values())
+        found.append(Figure.share(f"{arm}: final held-out pass@1", sum(solved), len(solved),
+                                  "policy"))  # fmt: skip
+        found.append(Figure.single(f"{arm}: rounds in the time budget",
+                                   len(curve["pass_at_1"]) - 1))  # fmt: skip
+    for arm, pair in result["paired"].items():
+        found.append(Figure(f"{arm} minus {pair['vs']}, final pass@1 on the same tasks",
+                            pair["difference"], pair["tasks"], pair["low"], pair["high"],
+                            counts="policy"))  # fmt: skip
+    return found
 
 
 @contextmanager
@@ -320,20 +339,30 @@ def print_table(result: dict[str, Any]) -> None:
     print_pairs(result["paired"])
 
 
+def _wilson_bars(shares: Sequence[float], n: int) -> list[list[float]]:
+    """Matplotlib's asymmetric error bars for Wilson's interval of each share of `n`."""
+    intervals = [wilson(round(p * n), n) for p in shares]
+    return [[p - low for p, (low, _) in zip(shares, intervals, strict=True)],
+            [high - p for p, (_, high) in zip(shares, intervals, strict=True)]]  # fmt: skip
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    n = int(result["settings"]["eval_tasks"])
     figure, axis = plt.subplots(figsize=(6, 4))
     for arm, curve in result["arms"].items():
         points = [(i, p) for i, p in enumerate(curve["pass_at_1"]) if p is not None]
-        axis.plot(*zip(*points, strict=True), marker="o", label=arm)
+        rounds, shares = zip(*points, strict=True)
+        axis.errorbar(rounds, shares, yerr=_wilson_bars(shares, n), marker="o", capsize=3,
+                      label=arm)  # fmt: skip
     rounds = max(len(curve["pass_at_1"]) for curve in result["arms"].values())
     axis.set_xticks(range(rounds))
     axis.set_xlabel("round (0 = base model)")
-    axis.set_ylabel("held-out pass@1")
+    axis.set_ylabel(f"held-out pass@1 (95% Wilson, n {n})")
     axis.set_ylim(0, 1)
     axis.grid(alpha=0.3)
     axis.legend()

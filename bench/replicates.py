@@ -23,7 +23,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from reports.intervals import mean_interval, welch_difference  # noqa: E402
 from reports.table import text_table  # noqa: E402
 
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="the arm the others are compared to")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     runs = [run for path in args.results for run in load_runs(path)]
     arms = by_arm(runs)
     baseline = args.baseline or next(iter(arms))
@@ -73,7 +74,19 @@ def main() -> None:
             "runs": {run.label: {"arm": run.arm, "pass_at_1": score(run, tasks)} for run in runs},
             "comparisons": [asdict(c) for c in comparisons],
         }
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(scores, comparisons, len(tasks)))
+
+
+def figures(scores: dict[str, list[float]], comparisons: list[Comparison], n: int) -> list[Figure]:
+    """Each arm's mean pass@1 over its runs (Student's interval over runs), and each arm's
+    difference from the baseline with Welch's interval over runs (n: the runs of both)."""
+    found = [Figure.mean(f"{arm}: pass@1 on {n} shared tasks, mean over runs", values,
+                         counts="policy") for arm, values in scores.items()]  # fmt: skip
+    for c in comparisons:
+        runs = len(scores[c.arm]) + len(scores[c.vs])
+        found.append(Figure(f"{c.arm} minus {c.vs} (Welch over runs)", c.difference, runs,
+                            c.runs_low, c.runs_high, counts="policy"))  # fmt: skip
+    return found
 
 
 def load_runs(path: Path) -> list[Run]:

@@ -18,7 +18,6 @@ Measured, on the same requests:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
@@ -33,10 +32,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from smollm2_server import fixed_server  # noqa: E402
 
 from agents import reflection  # noqa: E402
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 from serving.server import VllmServer, cpu_dtype, split_cores  # noqa: E402
@@ -53,10 +52,32 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8071)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     result = measure(args)
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result, args.reflections))
+
+
+def figures(result: dict[str, Any], reflections: int) -> list[Figure]:
+    """Throughputs (one pass each), the share of valid reflections in each dtype (Wilson over
+    the reflections written alone and busy), and the chosen price of a reviewer token."""
+    found = [Figure.single("policy alone, whole host", result["policy_alone"], "tokens/s")]
+    for dtype in DTYPES:
+        r = result[dtype]
+        found.append(Figure.single(f"reviewer {dtype}, 16 at once",
+                                   r["c16_tokens_per_s"], "tokens/s", "reviewer"))  # fmt: skip
+        found.append(
+            Figure.share(
+                f"reviewer {dtype}: valid reflections",
+                round(r["valid"] * 2 * reflections),
+                2 * reflections,
+                "reviewer",
+            )
+        )
+    found.append(Figure.single(f"price of a reviewer token ({result['chosen_dtype']}), in "
+                               "policy tokens", result["reviewer_token_cost"]))  # fmt: skip
+    return found
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

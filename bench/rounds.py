@@ -18,7 +18,6 @@ held-out answers that do.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory import store  # noqa: E402
 from memory.records import Attempt, Group, TrainingRound  # noqa: E402
 from reports.table import text_table  # noqa: E402
@@ -40,13 +39,30 @@ def main() -> None:
     parser.add_argument("--db", required=True, help="the run's database URL")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     engine = store.open_store(args.db)
     with store.transaction(engine) as session:
         rounds = store.training_rounds(session, last=1000)
-        figures = [diagnose(session, r) for r in rounds if r.status == "done"]
-    print_table(figures)
+        diagnosed = [diagnose(session, r) for r in rounds if r.status == "done"]
+    print_table(diagnosed)
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        payload = {"settings": {"db": args.db}, "rounds": diagnosed}
+        write_results(args.json, payload, made, figures(diagnosed))
+
+
+def figures(diagnosed: list[dict[str, Any]]) -> list[Figure]:
+    """Per round (one run): its version's change from its parent on the same held-out tasks,
+    and the drift at the end of its training."""
+    found = []
+    for r in diagnosed:
+        change = f"{r['gained']} tasks gained, {r['lost']} lost"
+        gain = r["pass_at_1"] - r["parent_pass_at_1"]
+        name = f"round {r['round']}: pass@1 minus its parent's ({change})"
+        found.append(Figure.single(name, gain, counts="policy"))
+        if r["kl_last"] is not None:
+            found.append(Figure.single(f"round {r['round']}: KL at the end of training",
+                                       r["kl_last"]))  # fmt: skip
+    return found
 
 
 def diagnose(session: Any, record: TrainingRound) -> dict[str, Any]:

@@ -13,7 +13,6 @@ never. Also the verification time per attempt.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,12 +23,12 @@ import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 from smollm2_server import smollm2_server  # noqa: E402
 
 from agents.collector import GroupSpec, collect_group  # noqa: E402
 from agents.policy import Endpoint, PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory.records import Group  # noqa: E402
 from verifiers.catalog import eval_tasks, names  # noqa: E402
 from verifiers.errors import VerifierError  # noqa: E402
@@ -46,13 +45,34 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8032)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    made = provenance()
     chosen = [name.strip() for name in args.tasksets.split(",") if name.strip()]
     with smollm2_server(args.server_url, args.port, "vllm-tasksets.log") as (url, model):
         rows = {name: anyio.run(measure, name, args, url, model.name) for name in chosen}
     result = {"settings": {k: str(v) for k, v in vars(args).items()}, "tasksets": rows}
     print_table(result)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, result, made, figures(result, args.group_size))
+
+
+def figures(result: dict[str, Any], group_size: int) -> list[Figure]:
+    """Per task set, the base model's greedy pass@1 over its held-out tasks and its sampled
+    success over every sample (Wilson)."""
+    found = []
+    for name, row in result["tasksets"].items():
+        n = row["tasks"]
+        found.append(Figure.share(f"{name}: greedy pass@1", round(row["greedy_pass_at_1"] * n),
+                                  n, "policy"))  # fmt: skip
+        samples = n * group_size
+        found.append(
+            Figure.share(
+                f"{name}: sampled success at temperature 1.0",
+                round(row["sampled_success"] * samples),
+                samples,
+                "policy",
+            )
+        )
+    return found
 
 
 async def measure(name: str, args: argparse.Namespace, url: str, model: str) -> dict[str, Any]:

@@ -11,7 +11,6 @@ and, with `--json PATH`, writes it. Skips with a line when no GPU is present (CI
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.common import Figure, provenance, write_results  # noqa: E402
 from memory.records import Attempt, Group, Sample, SamplingSettings  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from trainer.round import train_round  # noqa: E402
@@ -38,11 +38,17 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return
+    made = provenance()
     result = measure(args)
     rows = [(k, f"{v:.1f}" if isinstance(v, float) else str(v)) for k, v in result.items()]
     print(text_table(("metric", "value"), rows))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        device = str(result["device"])
+        figures = [
+            Figure.single(f"trained tokens/s on {device}", float(result["trained tokens/s"])),
+            Figure.single(f"peak memory on {device}", float(result["peak memory (MiB)"]), "MiB"),
+        ]
+        write_results(args.json, result, made, figures)
 
 
 def model_folder(root: Path) -> tuple[Path, int]:

@@ -42,3 +42,20 @@ def test_a_success_past_the_budget_is_not_solved_and_pairs_are_counted() -> None
     compare({"m": method}, plain)
     assert (method["solved_not_plain"], method["plain_not_solved"]) == (1, 1)
     assert method["solved_vs_plain"] == 1.0 and method["solved_at_cost_vs_plain"] == 0.5
+
+
+def test_a_revision_spends_the_budget_but_is_not_the_policys_success() -> None:
+    from bench.explore import policy_own
+
+    group = make_group([0.0, 0.0])
+    revision = group.attempts[0].model_copy(
+        update={"kind": "revision", "policy_version": "reviewer", "correct": True, "reward": 1.0,
+                "generated_tokens": 20}
+    )  # fmt: skip
+    revised = with_attempts(group, [*group.attempts, revision])
+    own = policy_own("base")
+    assert solved_within([revised], budget=1000)  # any verified success
+    assert not solved_within([revised], budget=1000, counts=own)  # the reviewer's answer
+    later = make_group([1.0], task_id="t1")
+    assert solved_within([revised, later], budget=1000, counts=own)  # the policy's own, later
+    assert not solved_within([revised, later], budget=19, counts=own)  # the revision spent it

@@ -31,7 +31,8 @@ INTRO = """# Benchmarks
 
 Every figure on this page is read from a results file in `results/` by `bench/results.py`
 (`make results` writes the page; the test suite fails when it is not what the files give). Each
-file records the command that produced it, the commit, the date and the machine. Each figure has
+file records the command that produced it, the commit, the date and the machine (its CPU, cores,
+and the dtype it computes natively: bfloat16 where it has AVX-512 BF16 or AMX). Each figure has
 its n (the independent measurements behind it) and a 95% interval: Student's for a mean over
 passes, Wilson's for a share, a paired one for a difference on the same tasks, Welch's for a
 difference of arms over runs; none where one measurement has no spread to go by. "Counts" says
@@ -99,7 +100,8 @@ def _headline(script: str) -> str:
 def _table(result: Result) -> str:
     made = result.provenance
     machine = made["machine"]
-    where = f"{machine['cpu']}, {machine['cores']} cores, {machine.get('dtype', 'dtype unknown')}"
+    native = f"native {machine['dtype']}" if "dtype" in machine else "native dtype not recorded"
+    where = f"{machine['cpu']}, {machine['cores']} cores, {native}"
     dirty = " (uncommitted changes)" if made.get("dirty") else ""
     lines = [
         f"`results/{result.path.name}` · {made['date'][:10]} · commit "

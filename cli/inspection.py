@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cli.arguments import db_url, writable
+from cli.arguments import db_url, keys, writable
 from reports.table import score, text_table
 
 if TYPE_CHECKING:
@@ -173,6 +173,36 @@ def strategies(args: argparse.Namespace) -> int:
         for s in stats
     ]
     print(text_table(("attempts", "success", "reward", "task set", "strategy"), rows))
+    return 0
+
+
+def ui(args: argparse.Namespace) -> int:
+    """The page alone, on a store: behind FLYWHEEL_ADMIN_KEYS, or a key made for this run and
+    printed in the link that signs in."""
+    import secrets
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import RedirectResponse
+
+    from memory import store
+    from serving.promotion import Gate
+    from serving.server import ensure_port_free
+    from serving.ui import Page, add_ui
+
+    engine = store.open_store(db_url(args))
+    configured = keys("FLYWHEEL_ADMIN_KEYS")
+    admin_keys = configured or frozenset({secrets.token_urlsafe(24)})
+    ensure_port_free(args.host, args.port)
+    app = FastAPI(title="flywheel", docs_url=None, redoc_url=None, openapi_url=None)
+    app.get("/", include_in_schema=False)(lambda: RedirectResponse("/ui"))
+    add_ui(app, Page(engine, admin_keys, Gate()))
+    url = f"http://{args.host}:{args.port}/ui"
+    if configured:
+        print(f"the flywheel's page: {url} (sign in with a key of FLYWHEEL_ADMIN_KEYS)", flush=True)
+    else:  # a key of this run's own, in the link, as Jupyter does
+        print(f"the flywheel's page: {url}/login?token={next(iter(admin_keys))}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

@@ -41,6 +41,7 @@ def build() -> argparse.ArgumentParser:
     _library_command(commands)
     _strategies_command(commands)
     _report_command(commands)
+    _ui_command(commands)
     _sandbox_command(commands)
     _prepare_model_command(commands)
     _migrate_command(commands)
@@ -320,6 +321,16 @@ def _report_command(commands: Any) -> None:
         "--out", type=Path, default=None, help="HTML file (default WORKDIR/report.html)"
     )
     report.set_defaults(handler=inspection.report_html)
+
+
+def _ui_command(commands: Any) -> None:
+    ui = commands.add_parser(
+        "ui", help="the page to watch the flywheel and steer it, from a store (no gateway needed)"
+    )
+    _db_arguments(ui)
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=arguments.port, default=8300)
+    ui.set_defaults(handler=inspection.ui)
 
 
 def _sandbox_command(commands: Any) -> None:

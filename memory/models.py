@@ -234,6 +234,19 @@ class AliasEventRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+class ActionRow(Base):
+    """A person's action on the flywheel from its page, and who took it."""
+
+    __tablename__ = "action"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    actor: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(30))
+    target: Mapped[str] = mapped_column(String(400))
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now, index=True)
+
+
 class WorkItemRow(Base):
     """A task of a collection batch, queued for workers; claimed under a lease."""
 

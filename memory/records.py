@@ -330,6 +330,31 @@ class AliasEvent(Record):
     reason: str = ""
 
 
+class CapturedSession(Record):
+    """One captured session as a page lists it: its turns, when, its task, whether it is held
+    out or trained (the round that adopted it), and its last turn's reward and reason."""
+
+    name: str
+    task: str | None
+    turns: int
+    first_at: datetime
+    last_at: datetime
+    held_out: bool
+    round_index: int | None
+    reward: float | None = None
+    reason: str = ""
+
+
+class Action(Record):
+    """A person's action from the page (memory.actions)."""
+
+    actor: str
+    action: Literal["rate", "hold out", "forget", "promote", "rollback"]
+    target: str
+    detail: str = ""
+    created_at: datetime | None = None
+
+
 WorkState = Literal["queued", "claimed", "done", "failed"]
 Fault = Literal["task", "server"]  # whose failure a given-back item last met
 

@@ -27,7 +27,8 @@ and the episodes of one task grouped for training.
    them, and `add_siblings` stores the siblings a round samples from its last turn's logged
    prefix (`flows.siblings`) as sessions of the same task, tied to it.
 6. `forget` deletes a session: its captured turns, its siblings, and any train group that
-   adopted it.
+   adopted it; `hold_out` keeps one that has not trained out of training, to judge with.
+7. `session_page` lists sessions newest first, a page at a time, in two aggregate queries.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from __future__ import annotations
 import uuid
 from collections import Counter, defaultdict
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, case, delete, func, select
 from sqlalchemy.orm import Session
 
-from memory.errors import NotFound
+from memory.errors import NotFound, StoreError
 from memory.groups import captured_turns, load_groups
 from memory.ingest import save_group
-from memory.models import RolloutGroupRow
-from memory.records import UNRATED, Attempt, Group, Sample
+from memory.models import AttemptRow, RolloutGroupRow
+from memory.records import UNRATED, Attempt, CapturedSession, Group, Sample
 from memory.rows import group_record
 
 CAPTURED = "gateway"  # the task set of captured traffic and of the groups rounds adopt from it
@@ -265,15 +266,80 @@ def adopt(
     return adopted
 
 
+def session_page(
+    session: Session, limit: int = 50, offset: int = 0
+) -> tuple[list[CapturedSession], int]:
+    """Captured sessions (siblings aside), the last active first: one page, and how many
+    there are in all."""
+    plan = RolloutGroupRow.plan
+    name = plan["session"].as_string()
+    own = (
+        (RolloutGroupRow.purpose == "capture") & name.is_not(None)
+        & plan["sibling_of"].as_string().is_(None)
+    )  # fmt: skip
+    total = session.scalar(select(func.count(func.distinct(name))).where(own)) or 0
+    held = func.max(case((plan["held_out"].as_boolean().is_(True), 1), else_=0))
+    query = (
+        select(name, func.count(), func.min(RolloutGroupRow.created_at),
+               func.max(RolloutGroupRow.created_at), func.max(plan["task"].as_string()), held,
+               func.max(plan["round"].as_integer()))
+        .where(own)
+        .group_by(name)
+        .order_by(func.max(RolloutGroupRow.id).desc())
+        .limit(limit)
+        .offset(offset)
+    )  # fmt: skip
+    rows = session.execute(query).all()
+    last = _last_verdicts(session, [row[0] for row in rows])
+    page = [
+        CapturedSession(
+            name=sid,
+            task=task,
+            turns=turns,
+            first_at=first,
+            last_at=latest,
+            held_out=bool(h),
+            round_index=r,
+            reward=last.get(sid, (None, ""))[0],
+            reason=last.get(sid, (None, ""))[1],
+        )  # fmt: skip
+        for sid, turns, first, latest, task, h, r in rows
+    ]
+    return page, total
+
+
+def _last_verdicts(session: Session, names: list[str]) -> dict[str, tuple[float, str]]:
+    """Each named session's last turn: its reward and the reason it was given."""
+    name = RolloutGroupRow.plan["session"].as_string()
+    query = (
+        select(name, AttemptRow.reward, AttemptRow.reason)
+        .join(AttemptRow, AttemptRow.group_id == RolloutGroupRow.id)
+        .where(RolloutGroupRow.purpose == "capture", name.in_(names))
+        .order_by(RolloutGroupRow.id)
+    )
+    return {sid: (reward, reason) for sid, reward, reason in session.execute(query)}
+
+
+def hold_out(session: Session, session_id: str) -> int:
+    """Keep a session out of training, to judge new versions with; the turns marked. A session
+    a round already trained on cannot judge (`StoreError`); an unknown one is `NotFound`."""
+    turns = list(session.scalars(captured_turns(session_id)))
+    if not turns:
+        raise NotFound(f"unknown session {session_id!r}")
+    trained = next((plan["round"] for row in turns if "round" in (plan := row.plan or {})), None)
+    if trained is not None:
+        raise StoreError(f"session {session_id!r} trained round {trained}: it cannot judge")
+    for row in turns:
+        row.plan = {**(row.plan or {}), "held_out": True}
+    session.flush()
+    return len(turns)
+
+
 def forget(session: Session, session_id: str) -> tuple[int, int]:
     """Delete a session's captured turns, its siblings, and the train groups that adopted it or
     them; how many turns and groups. `NotFound` when there is neither."""
     turns = [row.id for row in session.scalars(captured_turns(session_id))]
-    siblings = select(RolloutGroupRow).where(
-        RolloutGroupRow.purpose == "capture",
-        RolloutGroupRow.plan["sibling_of"].as_string() == session_id,
-    )
-    turns += [row.id for row in session.scalars(siblings)]
+    turns += [row.id for row in session.scalars(siblings_of(session_id))]
     adopted_by = select(RolloutGroupRow).where(
         RolloutGroupRow.purpose == "train", RolloutGroupRow.taskset == CAPTURED
     )
@@ -286,6 +352,14 @@ def forget(session: Session, session_id: str) -> tuple[int, int]:
         raise NotFound(f"unknown session {session_id!r}")
     session.execute(delete(RolloutGroupRow).where(RolloutGroupRow.id.in_(turns + adopted)))
     return len(turns), len(adopted)
+
+
+def siblings_of(session_id: str) -> Select[RolloutGroupRow]:
+    """The query of the siblings sampled for a session (`add_siblings`)."""
+    return select(RolloutGroupRow).where(
+        RolloutGroupRow.purpose == "capture",
+        RolloutGroupRow.plan["sibling_of"].as_string() == session_id,
+    )
 
 
 def _of(name: str, session_id: str) -> bool:

@@ -50,6 +50,9 @@ from memory.stats import (
     attempt_counts,
     attempt_time_span,
     eval_task_counts,
+    round_spans,
+    sampled_by,
+    solved_by_source,
     strategy_stats,
 )
 from memory.versions import (
@@ -75,6 +78,9 @@ __all__ = [
     "attempt_time_span",
     "captured_exchange",
     "eval_task_counts",
+    "round_spans",
+    "sampled_by",
+    "solved_by_source",
     "group_segments",
     "group_tasks",
     "groups_by_id",

@@ -15,6 +15,7 @@
    whole session (`session`: every turn of it).
 5. Keys: user keys for inference (none configured: inference is open), admin keys for admin
    routes. Missing or unknown key: 401; a user key on an admin route: 403. Other routes: 404.
+6. The flywheel's page, `/ui` (`serving.ui`), behind the admin keys.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from serving import access, capture
 from serving.errors import ServingError, UpstreamError
 from serving.limits import Limited
 from serving.router import GatewaySettings, NoUpstream, Router
+from serving.ui import Page, add_ui
 from verifiers.catalog import averify
 from verifiers.errors import TaskFault
 from verifiers.reasoning import MAX_MATH_ANSWER
@@ -120,6 +122,7 @@ def create_app(
     _error_handlers(app)
     _inference_routes(app, router, client, engine)
     _admin_routes(app, router)
+    add_ui(app, Page(engine, settings.admin_keys, settings.gate, router))
     return app
 
 

@@ -42,7 +42,7 @@ def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> 
     assert "| held-out pass@1 | 0.250 | 64 | 0.160 to 0.368 | policy |" in page
     assert "| tokens | 12.00 tokens/s | 3 | 7.03 to 16.97 | - |" in page
     assert "| wall time | 389.6 s | 1 | - | - |" in page
-    assert "commit `abc1234` · AMD EPYC, 2 cores, float32" in page
+    assert "commit `abc1234` · AMD EPYC, 2 cores, native float32" in page
     assert "    .venv/bin/python bench/train.py --passes 3" in page
 
 

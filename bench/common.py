@@ -81,7 +81,18 @@ def provenance() -> dict[str, Any]:
     return {
         "command": command,
         "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # Uncommitted changes to anything but results (a run writes its own results file).
+        "dirty": bool(
+            _git(
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!bench/results",
+                ":!bench/README.md",
+            )
+        ),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
     }

@@ -120,25 +120,24 @@ def _table(result: Result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _value(value: float, unit: str) -> str:
+def _value(value: float, unit: str, like: float | None = None) -> str:
+    """A figure (or an interval's end, formatted `like` its figure): shares to 3 decimals,
+    whole numbers as they are, other numbers to 3 significant figures or more."""
     if unit == "share":
         return f"{value:.3f}"
-    if isinstance(value, int):
-        number = f"{value}"
-    elif abs(value) >= 100:
-        number = f"{value:.1f}"
-    elif abs(value) >= 1:
-        number = f"{value:.2f}"
-    else:
-        number = f"{value:.3f}"
-    return f"{number} {unit}".strip()
+    if isinstance(value, int) and like is None:
+        return f"{value} {unit}".strip()
+    size = abs(value if like is None else like)
+    digits = 1 if size >= 100 else 2 if size >= 1 else 3
+    return f"{value:.{digits}f} {unit}".strip()
 
 
 def _interval(figure: dict[str, Any]) -> str:
     if figure["low"] is None or figure["high"] is None:
         return "-"
     unit = "share" if figure["unit"] == "share" else ""
-    return f"{_value(figure['low'], unit)} to {_value(figure['high'], unit)}"
+    low, high = (_value(figure[end], unit, figure["value"]) for end in ("low", "high"))
+    return f"{low} to {high}"
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import anyio
 import httpx
@@ -19,8 +19,10 @@ from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
-from memory.records import Attempt, Group
-from tests.conftest import free_port
+from memory import store
+from memory.records import Attempt, Group, PolicyVersion, Scorecard, TrainingRound
+from serving import promotion
+from tests.conftest import free_port, make_group
 from verifiers.reasoning import eval_tasks
 from verifiers.task import Task
 
@@ -135,3 +137,53 @@ def wait_until(
         assert time.monotonic() < deadline, why() if why else "condition not met in time"
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
+
+
+ADMIN = "admin-key"
+
+
+def seed_page(engine: Any) -> None:
+    """A base model, a promoted round-1 version scored on 4 held-out tasks and a worse round-2
+    one, round 1's train groups (one solved by the policy, one only by the reviewer's revision)
+    and two captured sessions, one of them trained in round 1."""
+    with store.transaction(engine) as session:
+        for name, round_index, score in (("base-model", 0, 0.25), ("policy-r1", 1, 0.75),
+                                         ("policy-r2", 2, 0.25)):  # fmt: skip
+            store.save_policy_version(session, PolicyVersion(
+                name=name, base_model="base-model", round_index=round_index))  # fmt: skip
+            store.record_evaluation(session, name, score)
+        card = Scorecard(evaluation="held-out tasks of arithmetic", figure="pass@1", value=0.75,
+                         n=4, low=0.3, high=0.95)  # fmt: skip
+        store.record_scorecard(session, "policy-r1", card)
+        store.set_promoted(session, "base-model", True)
+        promotion.promote(session, "policy-r1", promotion.Gate())
+        for index, solved in enumerate([True, True, True, False]):
+            held = make_group([float(solved)], task_id=f"held-{index}")
+            store.save_group(session, held.model_copy(
+                update={"purpose": "eval", "policy_version": "policy-r1"}))  # fmt: skip
+        sampled = {"policy_version": "base-model"}
+        bare = make_group([1.0, 0.0], task_id="t-own").model_copy(update=sampled)
+        failed = make_group([0.0, 0.0], task_id="t-revised").model_copy(update=sampled)
+        reviewed = {"kind": "revision", "policy_version": "reviewer", "correct": True,
+                    "reward": 1.0}  # fmt: skip
+        revision = failed.attempts[0].model_copy(update=reviewed)
+        store.save_groups(session, [bare, failed.model_copy(
+            update={"attempts": [*failed.attempts, revision]})])  # fmt: skip
+        store.save_training_round(session, TrainingRound(
+            round_index=1, method="rltldr", policy_in="base-model", policy_out="policy-r1",
+            status="done", metrics={"contexts": {"bare": 3, "distill:demo": 1}, "kl_last": 0.125,
+                                    "seconds": 12.0}))  # fmt: skip
+        for name, turns, trained in (("k:chat-1", 2, None), ("k:chat-2", 1, 1)):
+            for turn in range(turns):
+                group = make_group([0.0], task_id=f"capture:{name}:{turn}")
+                messages = [{"role": "user", "content": f"add 2 and {i}"} for i in range(turn + 1)]
+                plan = {"session": name, "task": "k:sums"} | ({"round": trained} if trained else {})
+                asked = group.attempts[0].model_copy(update={"messages": messages})
+                turn_of = {
+                    "purpose": "capture",
+                    "round_index": 0,
+                    "plan": plan,
+                    "attempts": [asked],
+                }
+                group = group.model_copy(update=turn_of)
+                store.save_group(session, group)

@@ -12,65 +12,15 @@ from fastapi.testclient import TestClient
 
 from memory import actions, store
 from memory.groups import captured_turns
-from memory.records import PolicyVersion, Scorecard, TrainingRound
 from serving import promotion, ui
 from serving.ui import Page, add_ui
-from tests.conftest import make_group
-
-ADMIN = "admin-key"
-
-
-def seed(engine) -> None:
-    """A base model, a promoted round-1 version scored on 4 held-out tasks and a worse round-2
-    one, round 1's train groups (one solved by the policy, one only by the reviewer's revision)
-    and two captured sessions, one of them trained in round 1."""
-    with store.transaction(engine) as session:
-        for name, round_index, score in (("base-model", 0, 0.25), ("policy-r1", 1, 0.75),
-                                         ("policy-r2", 2, 0.25)):  # fmt: skip
-            store.save_policy_version(session, PolicyVersion(
-                name=name, base_model="base-model", round_index=round_index))  # fmt: skip
-            store.record_evaluation(session, name, score)
-        card = Scorecard(evaluation="held-out tasks of arithmetic", figure="pass@1", value=0.75,
-                         n=4, low=0.3, high=0.95)  # fmt: skip
-        store.record_scorecard(session, "policy-r1", card)
-        store.set_promoted(session, "base-model", True)
-        promotion.promote(session, "policy-r1", promotion.Gate())
-        for index, solved in enumerate([True, True, True, False]):
-            held = make_group([float(solved)], task_id=f"held-{index}")
-            store.save_group(session, held.model_copy(
-                update={"purpose": "eval", "policy_version": "policy-r1"}))  # fmt: skip
-        sampled = {"policy_version": "base-model"}
-        bare = make_group([1.0, 0.0], task_id="t-own").model_copy(update=sampled)
-        failed = make_group([0.0, 0.0], task_id="t-revised").model_copy(update=sampled)
-        reviewed = {"kind": "revision", "policy_version": "reviewer", "correct": True,
-                    "reward": 1.0}  # fmt: skip
-        revision = failed.attempts[0].model_copy(update=reviewed)
-        store.save_groups(session, [bare, failed.model_copy(
-            update={"attempts": [*failed.attempts, revision]})])  # fmt: skip
-        store.save_training_round(session, TrainingRound(
-            round_index=1, method="rltldr", policy_in="base-model", policy_out="policy-r1",
-            status="done", metrics={"contexts": {"bare": 3, "distill:demo": 1}, "kl_last": 0.125,
-                                    "seconds": 12.0}))  # fmt: skip
-        for name, turns, trained in (("k:chat-1", 2, None), ("k:chat-2", 1, 1)):
-            for turn in range(turns):
-                group = make_group([0.0], task_id=f"capture:{name}:{turn}")
-                messages = [{"role": "user", "content": f"add 2 and {i}"} for i in range(turn + 1)]
-                plan = {"session": name, "task": "k:sums"} | ({"round": trained} if trained else {})
-                asked = group.attempts[0].model_copy(update={"messages": messages})
-                turn_of = {
-                    "purpose": "capture",
-                    "round_index": 0,
-                    "plan": plan,
-                    "attempts": [asked],
-                }
-                group = group.model_copy(update=turn_of)
-                store.save_group(session, group)
+from tests.helpers import ADMIN, seed_page
 
 
 @pytest.fixture
 def page(db_url: str):
     engine = store.open_store(db_url)
-    seed(engine)
+    seed_page(engine)
     app = FastAPI()
     add_ui(app, Page(engine, frozenset({ADMIN}), promotion.Gate()))
     client = TestClient(app)
@@ -83,7 +33,7 @@ def page(db_url: str):
 
 def test_nothing_is_shown_or_changed_without_an_admin_key(db_url: str) -> None:
     engine = store.open_store(db_url)
-    seed(engine)
+    seed_page(engine)
     app = FastAPI()
     add_ui(app, Page(engine, frozenset({ADMIN}), promotion.Gate()))
     client = TestClient(app)

@@ -167,7 +167,9 @@ class PolicyClient:
         stop: list[str] | None = None,
     ) -> Sample:
         """Continue exactly `prompt_ids` (the completions API takes token ids), so a turn
-        resumed after earlier sampled tokens sees those very tokens, not a re-tokenisation."""
+        resumed after earlier sampled tokens sees those very tokens, not a re-tokenisation. The
+        sample's prompt is the one the server reports it ran (a server that adds or drops a
+        token shows it there), so callers can check it is the one they sent."""
         response = await self._call(
             lambda: self._client.completions.create(
                 model=model,
@@ -192,9 +194,12 @@ class PolicyClient:
         logprobs = list(choice.logprobs.token_logprobs or []) if choice.logprobs else []
         if len(logprobs) != len(token_ids):
             raise self._not_vllm(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
+        ran = getattr(choice, "prompt_token_ids", None)
+        if ran is None:
+            raise self._not_vllm("no prompt token ids")
         return Sample(
             text=choice.text,
-            prompt_token_ids=list(prompt_ids),
+            prompt_token_ids=list(ran),
             completion_token_ids=list(token_ids),
             logprobs=[float(lp) for lp in logprobs],
             finish_reason=choice.finish_reason or "unknown",

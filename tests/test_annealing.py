@@ -47,6 +47,7 @@ def annealing_server(seen: list[dict], stop_after: int):
             "text": f"{TASK.answer}</answer>" if span == stop_after else "",
             "finish_reason": "stop" if span == stop_after else "length",
             "token_ids": ids,
+            "prompt_token_ids": body["prompt"],
             "logprobs": {"tokens": ["t"] * 8, "token_logprobs": [-0.5] * 8},
         }
         reply = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}

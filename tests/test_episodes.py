@@ -49,6 +49,7 @@ def scripted_agent(turns: list[str], seen: list[dict]):
         ids = [*words(text), END]  # the sampled turn ends with its end-of-turn token
         choice = {
             "index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+            "prompt_token_ids": body["prompt"],
             "logprobs": {"tokens": ["t"] * len(ids), "token_logprobs": [-0.25] * len(ids)},
         }  # fmt: skip
         body = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
@@ -173,6 +174,7 @@ def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_tur
         ids = [*words(text), END]
         choice = {
             "index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
+            "prompt_token_ids": body["prompt"],
             "logprobs": {"tokens": ["t"] * len(ids), "token_logprobs": [-0.25] * len(ids)},
         }  # fmt: skip
         return httpx.Response(200, json={"id": "c", "object": "text_completion", "created": 0,

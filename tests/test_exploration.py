@@ -246,8 +246,14 @@ def test_an_invalid_judgement_adds_no_insight() -> None:
     assert all(a.sample is None and a.reason.startswith("invalid judgement") for a in insights)
 
 
-def sge_server(seen: list[dict], strategy_ids: list[int], strategy: str = " Add them.\n"):
-    """Prompt ids: bare = [1, 2] (+ [5] per extra message); "Strategy:" = [30]; "Answer:" = [70]."""
+def sge_server(
+    seen: list[dict],
+    strategy_ids: list[int],
+    strategy: str = " Add them.\n",
+    ran: list | None = None,
+):
+    """Prompt ids: bare = [1, 2] (+ [5] per extra message); "Strategy:" = [30]; "Answer:" = [70].
+    The answer call reports the prompt it was sent, or `ran` (a server that changed it)."""
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -263,7 +269,7 @@ def sge_server(seen: list[dict], strategy_ids: list[int], strategy: str = " Add 
                 "text": f"<answer>{TASK.answer}</answer>",
                 "finish_reason": "stop",
                 "token_ids": ids,
-                "prompt_token_ids": body["prompt"],
+                "prompt_token_ids": body["prompt"] if ran is None else ran,
                 "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.25, -0.25]},
             }
             reply = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
@@ -323,6 +329,17 @@ def test_a_strategy_that_states_the_answer_is_not_a_strategy() -> None:
         assert "the strategy states the answer" in attempt.reason
     for attempt in second:
         assert "Earlier strategies" not in attempt.messages[-1]["content"]
+
+
+def test_a_server_that_ran_another_prompt_fails_the_token_exactness_check() -> None:
+    """The answer call is sent the strategy's ids; a server that ran other ids (a token added,
+    say) makes the strategy masked context and only the answer trained, and says so."""
+    seen: list[dict] = []
+    group = run_sge(sge_server(seen, [40, 41, 42], ran=[1, 2, 30, 40, 99, 42, 70]))
+    (attempt,) = group.attempts
+    assert "strategy not token-exact: answer trained only" in attempt.reason
+    assert attempt.pivot_tokens == 5 and attempt.forced_spans == []
+    assert attempt.sample.completion_token_ids == [30, 40, 99, 42, 70, 60, 61]
 
 
 def test_join_masks_a_strategy_that_is_not_token_exact() -> None:

@@ -82,6 +82,7 @@ def collect(tasks: list[Task], settings: CollectSettings) -> tuple[list[Group], 
             return httpx.Response(200, json={"tokens": [1, 2, 3]})
         if request.url.path == "/v1/completions":  # an episode's turn, continued from ids
             choice = {"index": 0, "text": "1", "finish_reason": "stop", "token_ids": [5],
+                      "prompt_token_ids": body["prompt"],
                       "logprobs": {"tokens": ["1"], "token_logprobs": [-0.5]}}  # fmt: skip
             return httpx.Response(
                 200,

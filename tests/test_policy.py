@@ -281,7 +281,8 @@ def test_a_long_prompt_gets_the_time_its_tokens_take() -> None:
             return httpx.Response(404)
         await anyio.sleep(1.5)
         body = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
-        choice = {"index": 0, "text": "7", "finish_reason": "stop", "token_ids": [7]}
+        choice = {"index": 0, "text": "7", "finish_reason": "stop", "token_ids": [7],
+                  "prompt_token_ids": json.loads(request.content)["prompt"]}  # fmt: skip
         choice["logprobs"] = {"tokens": ["7"], "token_logprobs": [-0.1]}
         return httpx.Response(200, json={**body, "choices": [choice]})
 

@@ -44,7 +44,8 @@ def server(seen: list[dict]):
             logprobs = {"token_logprobs": [-0.2], "tokens": ["x"], "text_offset": [0],
                         "top_logprobs": [None]}  # fmt: skip
             choice = {"index": 0, "text": REPLIES[body["model"]], "finish_reason": "stop",
-                      "token_ids": [9], "logprobs": logprobs}  # fmt: skip
+                      "token_ids": [9], "prompt_token_ids": body["prompt"],
+                      "logprobs": logprobs}  # fmt: skip
             reply = {"id": "c", "object": "text_completion", "created": 0, "model": body["model"]}
             return httpx.Response(200, json=reply | {"choices": [choice]})
         shown = body["messages"][-1]["content"]

@@ -401,7 +401,7 @@ def completions_server(texts: list[str], seen: list[dict]):
         logprobs = {"token_logprobs": [-0.3] * len(ids), "tokens": ["x"] * len(ids),
                     "text_offset": [0] * len(ids), "top_logprobs": [None] * len(ids)}  # fmt: skip
         choice = {"index": 0, "text": text, "finish_reason": "stop", "token_ids": ids,
-                  "logprobs": logprobs}  # fmt: skip
+                  "prompt_token_ids": body.get("prompt"), "logprobs": logprobs}  # fmt: skip
         reply = {"id": "c", "object": "text_completion", "created": 0, "model": body["model"]}
         return httpx.Response(200, json=reply | {"choices": [choice]})
 

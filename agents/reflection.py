@@ -9,7 +9,10 @@
    retry.
 2. A reflection that calls the attempt a success leads to no retry either. The schema sent for
    an attempt the verifier did not fully reward leaves "success" out, so a weak reflector
-   cannot contradict the verifier.
+   cannot contradict the verifier. A principle the verifier accepts as the answer itself (the
+   reflector was asked not to state it) is recorded as such and leads to no retry, as a
+   strategy or a hint that states the answer is refused: a retry would copy the reviewer's
+   answer, not find one.
 3. The retry replays the first `retry_from_step` steps verbatim and inserts the principle at the
    pivot. A single-turn answer is one step, so its pivot is 0 and the principle goes into the
    system prompt (`agents.context.hint_messages`); an episode replays its turns
@@ -33,6 +36,7 @@ from agents.episode import retry_episode
 from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
+from agents.strategy import states_answer
 from memory.records import FULL_REWARD, Attempt, SamplingSettings, describe
 from verifiers.catalog import astart, is_episodic
 from verifiers.task import Task
@@ -228,6 +232,10 @@ async def reflect_and_retry(
             extras.append(reflection_attempt)
             return
         assert reflection is not None
+        if not episodic and await states_answer(task, reflection.principle):
+            leaked = {"format_ok": False, "reason": "the reflection states the answer"}
+            extras.append(reflection_attempt.model_copy(update=leaked))
+            return
         async with limiter:
             retried = await retry(parent, reflection)
         extras.extend(

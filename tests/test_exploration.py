@@ -129,6 +129,17 @@ def test_invalid_or_success_reflections_lead_to_no_retry() -> None:
         assert group.attempts[1].reason.startswith(reason)
 
 
+def test_a_reflection_that_states_the_answer_leads_to_no_retry() -> None:
+    leaked = {"principle": f"The answer is {TASK.answer}."}
+    group = run(
+        reflecting_server(json.dumps(leaked), TASK.answer),
+        CollectSettings(group_size=1, reflect_retry=True, reflection="brief"),
+    )
+    assert [a.kind for a in group.attempts] == ["base", "reflection"]
+    reflection = group.attempts[1]
+    assert reflection.reason == "the reflection states the answer" and not reflection.format_ok
+
+
 def test_a_reflector_that_cannot_answer_abandons_the_group() -> None:
     """A reviewer that is down says nothing about the attempts: the group is not kept with its
     reflections missing, it fails whole (a worker gives it back to the queue)."""

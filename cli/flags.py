@@ -22,6 +22,8 @@ FLAGGED = (
     "rounds",
     "minutes",
     "tasks",
+    "overlap",
+    "max_staleness",
     "group_size",
     "eval_tasks",
     "taskset",

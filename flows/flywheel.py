@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from prefect.deployments.runner import RunnerDeployment
 from flows import evaluation, rounds, siblings, stages
 from flows.settings import RunSettings
 from memory import sessions, store, workqueue
+from memory.records import Group
 from reports.summary import FailedTask, RoundSummary, RunSummary
 from verifiers.catalog import train_tasks
 from verifiers.task import Task
@@ -63,18 +65,69 @@ async def flywheel_run(
         eval_tasks=len(held_out),
         db_url=settings.db_url,
     )
-    for _ in range(settings.rounds):
-        if not _time_for_a_round(settings.minutes, time.monotonic() - started, summary.rounds):
-            get_run_logger().info("time budget of %s minutes spent", settings.minutes)
-            break
-        began = time.monotonic() - started
-        ctx = rounds.start(settings, server_url, base_name, Path(base_model_path), held_out)
-        done = await rounds.run_round(ctx, clock)
-        ended = time.monotonic() - started
-        summary.rounds.append(done.model_copy(update={"started_s": began, "ended_s": ended}))
+    model = (base_name, Path(base_model_path))
+    if settings.overlap:
+        await _overlapped(settings, server_url, model, held_out, (clock, started), summary)
+    else:
+        for _ in range(settings.rounds):
+            if not _time_for_a_round(settings.minutes, time.monotonic() - started, summary.rounds):
+                get_run_logger().info("time budget of %s minutes spent", settings.minutes)
+                break
+            began = time.monotonic() - started
+            ctx = rounds.start(settings, server_url, *model, held_out)
+            done = await rounds.run_round(ctx, clock)
+            ended = time.monotonic() - started
+            summary.rounds.append(done.model_copy(update={"started_s": began, "ended_s": ended}))
     summary.wall_seconds = clock.seconds
     summary.failed_tasks = _failed_tasks(settings, {0, *(r.round_index for r in summary.rounds)})
     return summary
+
+
+@dataclass
+class _Collected:
+    """A round collected beside the one before it trained: its context, groups, stage seconds,
+    and when its collection began (seconds into the run)."""
+
+    ctx: rounds.RoundContext
+    groups: list[Group]
+    seconds: dict[str, float]
+    began: float
+
+
+async def _overlapped(
+    settings: RunSettings,
+    server_url: str,
+    model: tuple[str, Path],
+    held_out: list[Task],
+    timing: tuple[rounds.Clock, float],
+    summary: RunSummary,
+) -> None:
+    """Rounds that overlap: each round's training runs beside the next round's collection
+    (`flows.rounds`, 5); the first round is collected alone."""
+    clock, started = timing
+
+    async def collect(into: list[_Collected]) -> None:
+        began = time.monotonic() - started
+        ctx = rounds.start(settings, server_url, *model, held_out)
+        seconds: dict[str, float] = {}
+        with clock.stage("collect", seconds):
+            groups = await rounds.collect_stage(ctx, rounds.round_tasks(ctx), clock)
+        into.append(_Collected(ctx, groups, seconds, began))
+
+    pending: list[_Collected] = []
+    await collect(pending)
+    for index in range(settings.rounds):
+        this = pending.pop()
+        ctx = rounds.restart(this.ctx) if index else this.ctx
+        more = index + 1 < settings.rounds and _time_for_a_round(
+            settings.minutes, time.monotonic() - started, summary.rounds
+        )
+        beside = functools.partial(collect, pending) if more else None
+        done = await rounds.train_stage(ctx, this.groups, this.seconds, clock, beside)
+        ended = time.monotonic() - started
+        summary.rounds.append(done.model_copy(update={"started_s": this.began, "ended_s": ended}))
+        if not pending:
+            break
 
 
 def _failed_tasks(settings: RunSettings, round_indices: set[int]) -> list[FailedTask]:

@@ -12,6 +12,13 @@ evaluate, promote.
 4. The new version is served, evaluated on the same held-out tasks (and, when it trained on
    captured traffic, on the agent's own held-out work, `flows.scorecards`), and promoted only if
    the gate lets it through. Every stage runs under its deadline (`stage_timeout_s`).
+5. Overlapped rounds (`overlap`): while a round trains, `beside` collects the next one from the
+   version serving then, so the model server does not wait for the trainer; the swap waits for
+   that collection, so no group straddles it. The next round trains from whatever version is
+   promoted by then, on groups sampled by the one before it: each group's sampling version is
+   stored, the trainer's importance weights correct against its sampling logprobs, and groups
+   more than `max_staleness` promotions old are left out. The round's record counts both, and
+   its stage times say how long training and collection ran together (`hidden`).
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 from prefect import get_run_logger
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.orm import Session
 
 from flows import artifacts, evaluation, scorecards, stages
 from flows.settings import RunSettings
@@ -70,10 +79,12 @@ class Clock:
         try:
             yield
         finally:
-            elapsed = time.monotonic() - started
-            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
-            if into is not None:
-                into[name] = into.get(name, 0.0) + elapsed
+            self.add(name, time.monotonic() - started, into)
+
+    def add(self, name: str, elapsed: float, into: dict[str, float] | None = None) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+        if into is not None:
+            into[name] = into.get(name, 0.0) + elapsed
 
 
 def start(
@@ -97,14 +108,28 @@ def start(
     )
 
 
+def restart(ctx: RoundContext) -> RoundContext:
+    """A collected round's context, retargeted at the version promoted since it was collected:
+    the version it trains from (its groups keep the version that sampled them)."""
+    with store.transaction(store.shared_engine(ctx.settings.db_url)) as session:
+        current = store.promoted_policy(session)
+    assert current is not None
+    return ctx.model_copy(update={"current": current})
+
+
+def round_tasks(ctx: RoundContext) -> list[Task]:
+    """The round's fresh train tasks, seeded by the round."""
+    settings = ctx.settings
+    return train_tasks(
+        settings.taskset, settings.tasks, seed=ctx.round_index, held_out=ctx.held_out
+    )
+
+
 async def run_round(ctx: RoundContext, clock: Clock) -> RoundSummary:
     """A whole round: fresh train tasks (seeded by the round), collected, then trained."""
-    tasks = train_tasks(
-        ctx.settings.taskset, ctx.settings.tasks, seed=ctx.round_index, held_out=ctx.held_out
-    )
     seconds: dict[str, float] = {}
     with clock.stage("collect", seconds):
-        groups = await collect_stage(ctx, tasks, clock)
+        groups = await collect_stage(ctx, round_tasks(ctx), clock)
     return await train_stage(ctx, groups, seconds, clock)
 
 
@@ -122,18 +147,24 @@ async def collect_stage(ctx: RoundContext, tasks: list[Task], clock: Clock) -> l
     return groups
 
 
+Beside = Callable[[], Awaitable[object]]
+
+
 async def train_stage(
-    ctx: RoundContext, groups: list[Group], seconds: dict[str, float], clock: Clock
+    ctx: RoundContext,
+    groups: list[Group],
+    seconds: dict[str, float],
+    clock: Clock,
+    beside: Beside | None = None,
 ) -> RoundSummary:
-    """Train on the round's groups, then serve, evaluate and promote the new version."""
+    """Train on the round's groups (with `beside` running meanwhile: the next round's
+    collection), then serve, evaluate and promote the new version."""
     summary = _collected(ctx, groups)
     record, groups = _round_record(ctx, groups)
     name = record.policy_out
     assert name is not None
     try:
-        with clock.stage("train", seconds):
-            train = stages.within_deadline(stages.train, ctx.settings)
-            trained = train(ctx.settings, groups, ctx.base_model, ctx.current, name)
+        trained = await _train(ctx, groups, name, (seconds, clock), beside)
     except TrainerError as exc:
         get_run_logger().warning("round %d skipped: %s", ctx.round_index, exc)
         _finish(ctx, record, {"status": "skipped", "metrics": {"reason": str(exc)}})
@@ -175,6 +206,50 @@ async def train_stage(
     )
 
 
+async def _train(
+    ctx: RoundContext,
+    groups: list[Group],
+    name: str,
+    timing: tuple[dict[str, float], Clock],
+    beside: Beside | None,
+) -> RoundResult:
+    """The round's training; with `beside`, the two run together, and the seconds they
+    overlapped are recorded as `hidden` (training's own seconds as `train`). A training that
+    fails still lets `beside` finish, then raises."""
+    seconds, clock = timing
+    if beside is None:
+        with clock.stage("train", seconds):
+            train = stages.within_deadline(stages.train, ctx.settings)
+            return train(ctx.settings, groups, ctx.base_model, ctx.current, name)
+    trained: list[RoundResult] = []
+    failed: list[TrainerError] = []
+    own: dict[str, float] = {}
+
+    async def learn() -> None:
+        began = time.monotonic()
+        try:
+            train = stages.within_deadline(stages.train_beside, ctx.settings)
+            trained.append(await train(ctx.settings, groups, ctx.base_model, ctx.current, name))
+        except TrainerError as exc:
+            failed.append(exc)
+        own["train"] = time.monotonic() - began
+
+    async def alongside() -> None:
+        began = time.monotonic()
+        await beside()
+        own["beside"] = time.monotonic() - began
+
+    began = time.monotonic()
+    async with anyio.create_task_group() as both:
+        both.start_soon(learn)
+        both.start_soon(alongside)
+    clock.add("train", own["train"], seconds)
+    clock.add("hidden", max(0.0, sum(own.values()) - (time.monotonic() - began)), seconds)
+    if failed:
+        raise failed[0]
+    return trained[0]
+
+
 def _collected(ctx: RoundContext, groups: list[Group]) -> RoundSummary:
     """The round's summary as collected: rollouts are attempts at the task (first attempts and
     retries), not reflections or insights."""
@@ -210,7 +285,7 @@ def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound
                 ctx.round_index, stored.policy_out, len(stored.group_ids),
             )  # fmt: skip
             return stored, store.groups_by_id(session, stored.group_ids)
-        trainable = [g for g in groups if g.complete]
+        trainable, stale, dropped = _fresh(session, ctx, [g for g in groups if g.complete])
         record = TrainingRound(
             round_index=ctx.round_index,
             method=ctx.settings.train.mode,
@@ -218,10 +293,31 @@ def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound
             policy_out=f"policy-r{ctx.round_index}-{uuid.uuid4().hex[:6]}",
             status="running",
             hyperparameters=ctx.settings.train.model_dump(),
+            metrics={"stale_groups": stale, "dropped_groups": dropped},
             group_ids=[g.id for g in trainable if g.id is not None],
         )
         store.save_training_round(session, record)
     return record, trainable
+
+
+def _fresh(
+    session: Session, ctx: RoundContext, groups: list[Group]
+) -> tuple[list[Group], int, int]:
+    """The groups sampled at most `max_staleness` promotions before the version the round
+    trains from; how many of them are stale (sampled by an earlier version), how many older
+    ones are left out."""
+    history = [v.name for v in store.promoted_history(session)]
+    age = {name: index for index, name in enumerate(history)}
+    start = age.get(ctx.current.name, 0)
+    kept, stale, dropped = [], 0, 0
+    for group in groups:
+        staleness = age.get(group.policy_version, len(history)) - start
+        if group.policy_version == ctx.current.name or 0 <= staleness <= ctx.settings.max_staleness:
+            kept.append(group)
+            stale += group.policy_version != ctx.current.name
+        else:
+            dropped += 1
+    return kept, stale, dropped
 
 
 def _publish(
@@ -278,7 +374,7 @@ def _judge(
         for card in cards:
             store.record_scorecard(session, name, card)
         decision = promotion.promote(session, name, ctx.settings.gate)
-        metrics = {**trained.model_dump(), **_figures(cards)}
+        metrics = {**record.metrics, **trained.model_dump(), **_figures(cards)}
         update = {"policy_out": name, "status": "done", "metrics": metrics}
         store.save_training_round(session, record.model_copy(update=update))
     promoted = decision.action == "promote"

@@ -34,6 +34,18 @@ class RunSettings(BaseModel):
         "round's length (the baseline counts; the server's start does not)",
     )
     tasks: int = Field(64, ge=1, description="train tasks per round, drawn fresh each round")
+    overlap: bool = Field(
+        False,
+        description="collect the next round while this one trains (from the version serving "
+        "then), so the model server does not wait for the trainer; off: rounds alternate",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="with overlap, a round trains on groups sampled at most this many "
+        "promotions before the version it trains from (importance-corrected against their "
+        "sampling logprobs); older groups are left out and counted",
+    )
     group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")
     taskset: str = Field(

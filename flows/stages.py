@@ -237,6 +237,23 @@ def reviewer_endpoint(settings: RunSettings) -> Endpoint | None:
 def train(
     settings: RunSettings, groups: list[Group], base_model: Path, parent: PolicyVersion, name: str
 ) -> RoundResult:
+    return _train_round(settings, groups, base_model, parent, name)
+
+
+@task(cache_policy=NO_CACHE)
+async def train_beside(
+    settings: RunSettings, groups: list[Group], base_model: Path, parent: PolicyVersion, name: str
+) -> RoundResult:
+    """`train` in a thread of its own, so that the flow's event loop goes on collecting the next
+    round meanwhile; its deadline ends the wait (the thread finishes its step on its own)."""
+    return await anyio.to_thread.run_sync(
+        _train_round, settings, groups, base_model, parent, name, abandon_on_cancel=True
+    )
+
+
+def _train_round(
+    settings: RunSettings, groups: list[Group], base_model: Path, parent: PolicyVersion, name: str
+) -> RoundResult:
     parent_path = Path(parent.adapter_path) if parent.adapter_path else None
     return distributed.train(
         distributed.RoundRequest(

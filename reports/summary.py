@@ -102,6 +102,8 @@ def format_table(summary: RunSummary) -> str:
         "(95%: Wilson's interval)"
     )
     lines.append("bare ok: success rate of the train attempts sampled with no guidance")
+    if stages := _stages(summary.wall_seconds):
+        lines.append(stages)
     lines.append(_verdict(summary))
     if summary.failed_tasks:
         first = summary.failed_tasks[0]
@@ -110,6 +112,20 @@ def format_table(summary: RunSummary) -> str:
             f"(the first, {first.task_id}: {first.error})"
         )
     return "\n".join(lines)
+
+
+STAGES = ("server_start", "baseline", "collect", "curate", "train", "merge", "swap", "evaluate")
+
+
+def _stages(seconds: dict[str, float]) -> str:
+    """Seconds per stage over the run, and how long training ran beside collection."""
+    parts = [f"{name.replace('_', ' ')} {seconds[name]:.0f}" for name in STAGES if name in seconds]
+    if not parts:
+        return ""
+    hidden = seconds.get("hidden", 0.0)
+    beside = f" ({hidden:.0f} s of training ran beside collection)" if hidden else ""
+    total = f"; {seconds['total']:.0f} s in all" if "total" in seconds else ""
+    return f"seconds: {', '.join(parts)}{total}{beside}"
 
 
 def _verdict(summary: RunSummary) -> str:

@@ -61,3 +61,11 @@ def test_a_time_budget_starts_a_round_only_while_the_time_left_covers_the_last_o
     assert _time_for_a_round(1.0, 10_000.0, [])  # the first round always starts
     assert _time_for_a_round(11.0, 360.0, [first])  # 360 + 300 <= 660
     assert not _time_for_a_round(10.0, 360.0, [first])  # 660 > 600
+
+
+def test_the_table_gives_each_stages_seconds_and_the_training_hidden_beside_collection() -> None:
+    seconds = {"collect": 330.4, "train": 180.0, "hidden": 120.0, "evaluate": 40.0, "total": 620.0}
+    run = summary(0.266, 0.297).model_copy(update={"wall_seconds": seconds})
+    assert ("seconds: collect 330, train 180, evaluate 40; 620 s in all "
+            "(120 s of training ran beside collection)") in format_table(run)  # fmt: skip
+    assert "seconds:" not in format_table(summary(0.266, 0.297))

@@ -40,7 +40,7 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figure, provenance, stop_serve, write_results  # noqa: E402
+from bench.common import FLYWHEEL, Figure, checkout_env, provenance, stop_serve, write_results  # noqa: E402
 from bench.serving import free_port, server_settings_for  # noqa: E402
 from examples.agent import converse, correct, held_out, tasks  # noqa: E402
 from memory import store  # noqa: E402
@@ -131,7 +131,7 @@ def _serve(
     port, db = free_port(), f"sqlite:///{scratch / 'agent.db'}"
     route = ["--evaluation", "examples.agent:evaluate"] if args.route == "evaluation" else []
     command = [
-        str(ROOT / ".venv" / "bin" / "flywheel"), "serve", "--server-url", server_url,
+        *FLYWHEEL, "serve", "--server-url", server_url,
         "--model", str(model), "--db", db, "--workdir", str(scratch), "--source", "captured",
         "--gateway-port", str(port), "--train-every", "20", "--min-groups", "8",
         "--prefect-port", str(free_port()), *route,
@@ -140,7 +140,7 @@ def _serve(
     environment |= {"PREFECT_HOME": str(scratch / "client"), "FLYWHEEL_ADMIN_KEYS": "admin",
                     "FLYWHEEL_API_KEYS": USER_KEY, "FLYWHEEL_SERVER_KEY": SERVER_KEY}  # fmt: skip
     log = (scratch / "serve.log").open("w")
-    served = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=log,
+    served = subprocess.Popen(command, cwd=ROOT, env=checkout_env(environment), stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     gateway = f"http://127.0.0.1:{port}"
     _wait(lambda: _answers(f"{gateway}/health"), served, 300, scratch)

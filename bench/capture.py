@@ -40,7 +40,9 @@ from openai import OpenAI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    FLYWHEEL,
     Figure,
+    checkout_env,
     provenance,
     stop_serve,  # noqa: E402
     write_results,
@@ -177,7 +179,7 @@ def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
     port = free_port()
     gateway = f"http://127.0.0.1:{port}"
     command = [
-        str(ROOT / ".venv" / "bin" / "flywheel"), "serve", "--server-url", settings.url,
+        *FLYWHEEL, "serve", "--server-url", settings.url,
         "--model", str(model), "--db", db, "--workdir", str(scratch), "--config", str(config),
         "--source", "captured", "--train-every", "2", "--min-groups", "1",
         "--eval-tasks", "16", "--prefect-port", str(free_port()), "--gateway-port", str(port),
@@ -188,7 +190,11 @@ def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
     log = (scratch / "serve.log").open("w")
     with VllmServer(settings):
         served = subprocess.Popen(
-            command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=checkout_env(environment),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             engine = store.open_store(db)

@@ -28,6 +28,18 @@ if str(ROOT) not in sys.path:
 
 from reports.intervals import mean_interval, wilson  # noqa: E402
 
+# The flywheel command of this checkout: a benchmark may run from a copy of the tree (a git
+# worktree) while the environment's editable install points at another.
+FLYWHEEL = [sys.executable, "-m", "cli"]
+
+
+def checkout_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with this checkout first on PYTHONPATH, so commands
+    started from a benchmark run this checkout's code."""
+    base = dict(os.environ if env is None else env)
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH")) if p)
+    return base
+
 
 @dataclass(frozen=True)
 class Figure:

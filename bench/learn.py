@@ -58,7 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figure, provenance, write_results  # noqa: E402
+from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
 from bench.smollm2_server import MODELS, smollm2_server  # noqa: E402
 from memory import store  # noqa: E402
 from reports.intervals import paired_difference, wilson  # noqa: E402
@@ -202,7 +202,7 @@ def run_arm(
         config.write_text(_toml(spec))
         summary_path = workdir / "summary.json"
         command = [
-            str(ROOT / ".venv" / "bin" / "flywheel"), "run",
+            *FLYWHEEL, "run",
             "--config", str(config),
             "--workdir", str(workdir),
             "--model", str(model),
@@ -222,7 +222,8 @@ def run_arm(
             command += ["--reviewer", reviewer]
         print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
         started = time.monotonic()
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, env=checkout_env(), capture_output=True, text=True,
+                              check=False)  # fmt: skip
         if done.returncode != 0:
             sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
         summary = json.loads(summary_path.read_text())

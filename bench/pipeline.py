@@ -37,7 +37,7 @@ import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import Figure, provenance, write_results  # noqa: E402
+from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -241,11 +241,13 @@ def collect_with_workers(args: argparse.Namespace, cpus: list[str | None]) -> di
 @contextmanager
 def _worker(db: str, url: str, log: Path) -> Iterator[None]:
     command = [
-        str(ROOT / ".venv" / "bin" / "flywheel"), "worker", "--db", db, "--server-url", url,
+        *FLYWHEEL, "worker", "--db", db, "--server-url", url,
         "--workdir", str(log.parent),
     ]  # fmt: skip
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=checkout_env()
+        )
     try:
         yield
     finally:

@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figure, provenance, write_results  # noqa: E402
+from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
 from reports.intervals import mean_interval, welch_difference  # noqa: E402
 from reports.table import text_table  # noqa: E402
 
@@ -65,13 +65,14 @@ def one_run(arm: str, port: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"bench-run-{arm}-") as scratch:
         work = Path(scratch)
         command = [
-            str(ROOT / ".venv" / "bin" / "flywheel"), "run", *ARMS[arm],
+            *FLYWHEEL, "run", *ARMS[arm],
             "--db", f"sqlite:///{work / 'flywheel.db'}", "--workdir", str(work),
             "--summary-json", str(work / "summary.json"), "--port", str(port),
             "--prefect", "temporary",
         ]  # fmt: skip
         started = time.monotonic()
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, cwd=ROOT, env=checkout_env(), capture_output=True,
+                              text=True, check=False)  # fmt: skip
         seconds = time.monotonic() - started
         if done.returncode != 0:
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]

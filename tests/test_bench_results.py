@@ -65,6 +65,6 @@ def test_a_run_is_read_from_its_summary_and_the_arms_compared_over_runs() -> Non
     found = {f.name: f for f in figures(runs)}
     assert found["reviewer: final held-out pass@1"].value == pytest.approx(0.43)
     assert found["alone: final minus base, paired per run"].value == pytest.approx(1 / 128)
-    welch = found["reviewer minus alone, final pass@1 (Welch over runs)"]
-    assert welch.value == pytest.approx(0.43 - (0.266 + 0.281) / 2) and welch.n == 4
+    welch = found["alone minus reviewer, final pass@1 (Welch over runs)"]
+    assert welch.value == pytest.approx((0.266 + 0.281) / 2 - 0.43) and welch.n == 4
     assert found["reviewer: total stage, all rounds"].value == 900.0

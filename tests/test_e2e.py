@@ -131,6 +131,29 @@ def test_one_round_through_the_cli(
         assert round_["policy_version"] in loaded_models(tiny_server)
 
 
+def test_overlapped_rounds_collect_the_next_round_while_one_trains(
+    tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
+) -> None:
+    db, summary = run_once(
+        tmp_path,
+        *["--rounds", "2", "--overlap", "1", "--tasks", "3", "--group-size", "2"],
+        *["--eval-tasks", "4", "--model", str(tiny_model_path), "--server-url", tiny_server],
+    )
+    first, second = summary["rounds"]
+    assert second["started_s"] < first["ended_s"]  # collected while round 1 trained
+    assert "hidden" in summary["wall_seconds"] and second["rollouts"] == 6
+    with store.transaction(store.open_store(db)) as session:
+        groups = store.load_groups(session, "train", round_index=2)
+        record = store.training_round(session, 2)
+    assert len(groups) == 3 and {g.policy_version for g in groups} == {tiny_model_path.name}
+    assert record is not None and record.policy_in == (
+        first["policy_version"] if first["promoted"] else tiny_model_path.name
+    )
+    if record.status == "done":
+        stale = 3 if first["promoted"] else 0  # sampled by the version before the promotion
+        assert record.metrics["stale_groups"] == stale and record.metrics["dropped_groups"] == 0
+
+
 def run_once(tmp_path: Path, *args: str) -> tuple[str, dict]:
     """One `flywheel run` round into a fresh database; returns its URL and the summary."""
     db = f"sqlite:///{tmp_path / 'fw.db'}"

@@ -266,10 +266,10 @@ class VllmServer:
 
     def _command(self) -> list[str]:
         s = self.settings
+        launch = ["-c", GUARD_EVERY_ROUTE] if s.api_key else ["-m", API_SERVER]
         return [
             str(s.python),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
+            *launch,
             "--model",
             str(s.model_path),
             "--served-model-name",
@@ -323,6 +323,19 @@ class VllmServer:
         if self.settings.cpus is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.settings.cpus
         return env
+
+
+API_SERVER = "vllm.entrypoints.openai.api_server"
+# vLLM's key guards /v1 and a few other prefixes; its other routes stay open (/tokenize,
+# /metrics, and with dev mode /pause and /collective_rpc, which reload weights in place). With a
+# key of its own, the server is started through these lines, which make every route take it.
+GUARD_EVERY_ROUTE = f"""
+import runpy
+import vllm.entrypoints.serve.middleware.authenticate as authenticate
+assert isinstance(authenticate.GUARDED_PREFIX, tuple), "vLLM's key guard has moved"
+authenticate.GUARDED_PREFIX = ("/",)
+runpy.run_module("{API_SERVER}", run_name="__main__", alter_sys=True)
+"""
 
 
 def tools_template(model_path: Path) -> Path | None:

@@ -155,7 +155,7 @@ def swap(url: str, model: str, folder: Path, version: str, tolerance: float) -> 
 def weight_version(url: str) -> str | None:
     """The version label the server says it serves (None without the dev routes)."""
     try:
-        response = httpx.get(f"{url}/weight_info", timeout=10.0)
+        response = httpx.get(f"{url}/weight_info", timeout=10.0, headers=access.headers())
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

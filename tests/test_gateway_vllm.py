@@ -380,6 +380,13 @@ def test_a_model_server_with_its_own_key_is_reached_only_through_the_flywheel(
         assert httpx.post(f"{server.url}/v1/chat/completions", json=chat).status_code == 401
         wrong = {"Authorization": "Bearer user-key"}
         assert httpx.get(f"{server.url}/v1/models", headers=wrong).status_code == 401
+        tokenize = {"model": tiny_model_path.name, "prompt": "hi"}
+        for route in ("/tokenize", "/metrics", "/health"):  # vLLM's own guard leaves these open
+            sent = (httpx.post(f"{server.url}{route}", json=tokenize) if route == "/tokenize"
+                    else httpx.get(f"{server.url}{route}"))  # fmt: skip
+            assert sent.status_code == 401, route
+        keyed = {"Authorization": "Bearer server-secret"}
+        assert httpx.post(f"{server.url}/tokenize", json=tokenize, headers=keyed).status_code == 200
         cmdline = Path(f"/proc/{server._process.pid}/cmdline").read_bytes()
         assert b"server-secret" not in cmdline
         assert server.alive()  # its own probes carry the key

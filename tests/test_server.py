@@ -82,6 +82,17 @@ def test_two_servers_get_disjoint_cores(monkeypatch: pytest.MonkeyPatch) -> None
     assert process._env().get("VLLM_SERVER_DEV_MODE") == os.environ.get("VLLM_SERVER_DEV_MODE")
 
 
+def test_a_server_with_a_key_is_launched_so_that_every_route_takes_it() -> None:
+    from serving import server
+
+    settings = ServerSettings(python=Path(sys.executable), model_path=Path("m"), served_name="m")
+    open_command = VllmServer(settings)._command()
+    assert open_command[1:3] == ["-m", server.API_SERVER]
+    keyed = VllmServer(settings.model_copy(update={"api_key": "k"}))._command()
+    assert keyed[1] == "-c" and 'GUARDED_PREFIX = ("/",)' in keyed[2]
+    assert keyed[3:] == open_command[3:] and "k" not in keyed  # the key goes by environment
+
+
 def test_a_reviewer_beside_the_policy_caches_its_prompts_in_small_blocks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -273,7 +273,8 @@ def _report(summary: Any, path: Path | None) -> None:
         with atomic_file(path) as out:
             out.write(json.dumps(summary.model_dump(mode="json"), indent=2) + "\n")
         print(f"summary written to {path}")
-    print(f"watch and steer it: .venv/bin/flywheel ui --db {summary.db_url} (it prints the link to the page)")
+    page = f".venv/bin/flywheel ui --db {summary.db_url}"
+    print(f"watch and steer it: {page} (it prints the link to the page)")
 
 
 def _use_local_prefect(workdir: Path, port: int) -> None:

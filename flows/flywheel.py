@@ -106,9 +106,13 @@ async def _overlapped(
     (`flows.rounds`, 5); the first round is collected alone."""
     clock, started = timing
 
-    async def collect(into: list[_Collected]) -> None:
+    async def collect(into: list[_Collected], after: int | None = None) -> None:
+        """Collect the next round: the store's next one, or the one after round `after` (which
+        is still training, so the store would name it next)."""
         began = time.monotonic() - started
         ctx = rounds.start(settings, server_url, *model, held_out)
+        if after is not None:
+            ctx = ctx.model_copy(update={"round_index": after + 1})
         seconds: dict[str, float] = {}
         with clock.stage("collect", seconds):
             groups = await rounds.collect_stage(ctx, rounds.round_tasks(ctx), clock)
@@ -122,7 +126,7 @@ async def _overlapped(
         more = index + 1 < settings.rounds and _time_for_a_round(
             settings.minutes, time.monotonic() - started, summary.rounds
         )
-        beside = functools.partial(collect, pending) if more else None
+        beside = functools.partial(collect, pending, ctx.round_index) if more else None
         done = await rounds.train_stage(ctx, this.groups, this.seconds, clock, beside)
         ended = time.monotonic() - started
         summary.rounds.append(done.model_copy(update={"started_s": this.began, "ended_s": ended}))

@@ -53,6 +53,16 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def said(browser: Any) -> str:
+    """The line the page answers an action with, once the redirect after the post has loaded."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    located = expected_conditions.presence_of_element_located((By.ID, "said"))
+    return str(WebDriverWait(browser, 30).until(located).text)
+
+
 def pair_of_sessions(engine) -> None:
     """Two one-turn sessions of one task: one already rated 0, one not yet rated."""
     with store.transaction(engine) as session:
@@ -94,12 +104,12 @@ def test_the_page_in_a_browser_rates_a_session_and_rolls_back(browser, db_url: s
         score.clear()
         score.send_keys("1")
         browser.find_element(By.ID, "rate").click()
-        assert "rated 1 (1 turns)" in browser.find_element(By.ID, "said").text
+        assert "rated 1 (1 turns)" in said(browser)
         browser.save_screenshot(str(ARTIFACTS / "session.png"))
 
         browser.get(f"{url}/ui")
         browser.find_element(By.ID, "rollback").click()
-        assert "base-model now serves" in browser.find_element(By.ID, "said").text
+        assert "base-model now serves" in said(browser)
         assert browser.find_element(By.ID, "serving").text == "base-model"
         browser.save_screenshot(str(ARTIFACTS / "rolled-back.png"))
     with store.transaction(engine) as session:

@@ -270,27 +270,31 @@ def session_page(
     session: Session, limit: int = 50, offset: int = 0
 ) -> tuple[list[CapturedSession], int]:
     """Captured sessions (siblings aside), the last active first: one page, and how many
-    there are in all."""
+    there are in all (counted over the same scan; a second query only past the last page)."""
     plan = RolloutGroupRow.plan
     name = plan["session"].as_string()
     own = (
         (RolloutGroupRow.purpose == "capture") & name.is_not(None)
         & plan["sibling_of"].as_string().is_(None)
     )  # fmt: skip
-    total = session.scalar(select(func.count(func.distinct(name))).where(own)) or 0
     held = func.max(case((plan["held_out"].as_boolean().is_(True), 1), else_=0))
+    last_turn = func.max(RolloutGroupRow.id)
     query = (
         select(name, func.count(), func.min(RolloutGroupRow.created_at),
                func.max(RolloutGroupRow.created_at), func.max(plan["task"].as_string()), held,
-               func.max(plan["round"].as_integer()))
+               func.max(plan["round"].as_integer()), last_turn, func.count().over())
         .where(own)
         .group_by(name)
-        .order_by(func.max(RolloutGroupRow.id).desc())
+        .order_by(last_turn.desc())
         .limit(limit)
         .offset(offset)
     )  # fmt: skip
     rows = session.execute(query).all()
-    last = _last_verdicts(session, [row[0] for row in rows])
+    if rows:
+        total = int(rows[0][-1])
+    else:
+        total = session.scalar(select(func.count(func.distinct(name))).where(own)) or 0
+    last = _verdicts(session, [row[-2] for row in rows])
     page = [
         CapturedSession(
             name=sid,
@@ -300,24 +304,20 @@ def session_page(
             last_at=latest,
             held_out=bool(h),
             round_index=r,
-            reward=last.get(sid, (None, ""))[0],
-            reason=last.get(sid, (None, ""))[1],
+            reward=last.get(turn, (None, ""))[0],
+            reason=last.get(turn, (None, ""))[1],
         )  # fmt: skip
-        for sid, turns, first, latest, task, h, r in rows
+        for sid, turns, first, latest, task, h, r, turn, _ in rows
     ]
     return page, total
 
 
-def _last_verdicts(session: Session, names: list[str]) -> dict[str, tuple[float, str]]:
-    """Each named session's last turn: its reward and the reason it was given."""
-    name = RolloutGroupRow.plan["session"].as_string()
-    query = (
-        select(name, AttemptRow.reward, AttemptRow.reason)
-        .join(AttemptRow, AttemptRow.group_id == RolloutGroupRow.id)
-        .where(RolloutGroupRow.purpose == "capture", name.in_(names))
-        .order_by(RolloutGroupRow.id)
+def _verdicts(session: Session, turns: list[int]) -> dict[int, tuple[float, str]]:
+    """Each captured turn's reward and the reason it was given, by the turn's group id."""
+    query = select(AttemptRow.group_id, AttemptRow.reward, AttemptRow.reason).where(
+        AttemptRow.group_id.in_(turns)
     )
-    return {sid: (reward, reason) for sid, reward, reason in session.execute(query)}
+    return {turn: (reward, reason) for turn, reward, reason in session.execute(query)}
 
 
 def hold_out(session: Session, session_id: str) -> int:

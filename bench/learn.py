@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
 from bench.smollm2_server import MODELS, smollm2_server  # noqa: E402
 from memory import store  # noqa: E402
-from reports.intervals import paired_difference, wilson  # noqa: E402
+from reports.intervals import error_bars, paired_difference  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 
@@ -340,13 +340,6 @@ def print_table(result: dict[str, Any]) -> None:
     print_pairs(result["paired"])
 
 
-def _wilson_bars(shares: Sequence[float], n: int) -> list[list[float]]:
-    """Matplotlib's asymmetric error bars for Wilson's interval of each share of `n`."""
-    intervals = [wilson(round(p * n), n) for p in shares]
-    return [[p - low for p, (low, _) in zip(shares, intervals, strict=True)],
-            [high - p for p, (_, high) in zip(shares, intervals, strict=True)]]  # fmt: skip
-
-
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -358,8 +351,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for arm, curve in result["arms"].items():
         points = [(i, p) for i, p in enumerate(curve["pass_at_1"]) if p is not None]
         rounds, shares = zip(*points, strict=True)
-        axis.errorbar(rounds, shares, yerr=_wilson_bars(shares, n), marker="o", capsize=3,
-                      label=arm)  # fmt: skip
+        bars = error_bars(shares, [n] * len(shares))
+        axis.errorbar(rounds, shares, yerr=bars, marker="o", capsize=3, label=arm)
     rounds = max(len(curve["pass_at_1"]) for curve in result["arms"].values())
     axis.set_xticks(range(rounds))
     axis.set_xlabel("round (0 = base model)")

@@ -25,6 +25,15 @@ def wilson(successes: int, n: int) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def error_bars(shares: Sequence[float], counts: Sequence[int]) -> list[list[float]]:
+    """Matplotlib's asymmetric error bars for Wilson's interval of each share of its count
+    (none where the count is not known)."""
+    intervals = [wilson(round(p * n), n) if n else (p, p)
+                 for p, n in zip(shares, counts, strict=True)]  # fmt: skip
+    return [[p - low for p, (low, _) in zip(shares, intervals, strict=True)],
+            [high - p for p, (_, high) in zip(shares, intervals, strict=True)]]  # fmt: skip
+
+
 def paired_difference(a: Sequence[bool], b: Sequence[bool]) -> tuple[float, float, float]:
     """Mean of a - b over the same tasks, with a 95% normal interval of the paired
     differences: (difference, low, high)."""

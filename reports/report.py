@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from memory import library, store, workqueue
 from memory.folders import atomic_file
-from reports.intervals import wilson
+from reports.intervals import error_bars, wilson
 from reports.table import text_table
 
 
@@ -197,7 +197,7 @@ def _versions_plot(report: Report) -> str | None:
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(8, 3.5))
     values = [v.pass_at_1 or 0.0 for v in scored]
-    axis.bar(range(len(scored)), values, yerr=_error_bars(values, [v.n for v in scored]),
+    axis.bar(range(len(scored)), values, yerr=error_bars(values, [v.n for v in scored]),
              capsize=4, color="#4c72b0")  # fmt: skip
     axis.set_xticks(range(len(scored)), [v.name for v in scored], rotation=30, ha="right")
     axis.set_ylabel("held-out pass@1")
@@ -206,15 +206,6 @@ def _versions_plot(report: Report) -> str | None:
     png = _png(figure)
     plt.close(figure)
     return png
-
-
-def _error_bars(shares: list[float], counts: list[int]) -> list[list[float]]:
-    """Matplotlib's asymmetric error bars for Wilson's interval of each share (none where its
-    n is not known)."""
-    intervals = [wilson(round(p * n), n) if n else (p, p)
-                 for p, n in zip(shares, counts, strict=True)]  # fmt: skip
-    return [[p - low for p, (low, _) in zip(shares, intervals, strict=True)],
-            [high - p for p, (_, high) in zip(shares, intervals, strict=True)]]  # fmt: skip
 
 
 def _context_plot(report: Report) -> str | None:
@@ -226,7 +217,7 @@ def _context_plot(report: Report) -> str | None:
     for context in contexts:
         rows = [r for r in report.rounds if context in r.success_by_context]
         rates = [r.success_by_context[context] for r in rows]
-        errors = _error_bars(rates, [r.attempts_by_context[context] for r in rows])
+        errors = error_bars(rates, [r.attempts_by_context[context] for r in rows])
         axis.errorbar([r.round_index for r in rows], rates, yerr=errors, marker="o", capsize=3,
                       label=context)  # fmt: skip
     axis.set_xticks([r.round_index for r in report.rounds])

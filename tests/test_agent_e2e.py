@@ -146,7 +146,9 @@ def test_a_streaming_tool_agent_is_stored_token_exactly_and_its_next_version_ans
                 # token-exact: the very ids the server put in its last prompt, then sampled
                 ids = episode.sample.prompt_token_ids + episode.sample.completion_token_ids
                 assert ids == last.prompt_token_ids + last.completion_token_ids
-                assert _tokenized(server.url, smollm2_path.name, episode.messages[:-1]) == (
+                assert _tokenized(
+                    server.url, "server-key", smollm2_path.name, episode.messages[:-1]
+                ) == (
                     last.prompt_token_ids
                 )  # and that prompt is the server's own rendering of the transcript
             trained = _wait(served, run.log, "promoted round", lambda: _promoted_round(engine), 900)
@@ -175,7 +177,11 @@ def _wait(served: Any, log: Path, what: str, check: Callable[[], Any], seconds: 
     return found
 
 
-def _tokenized(server: str, model: str, messages: list[dict[str, Any]]) -> list[int]:
-    """The server's own rendering of a transcript, ready for the assistant's next turn."""
+def _tokenized(server: str, key: str, model: str, messages: list[dict[str, Any]]) -> list[int]:
+    """The server's own rendering of a transcript, ready for the assistant's next turn (every
+    route of a keyed model server asks for its key, /tokenize included)."""
     body = {"model": model, "messages": messages, "add_generation_prompt": True, "tools": [ADD]}
-    return list(httpx.post(f"{server}/tokenize", json=body, timeout=60).json()["tokens"])
+    headers = {"Authorization": f"Bearer {key}"}
+    reply = httpx.post(f"{server}/tokenize", json=body, headers=headers, timeout=60)
+    reply.raise_for_status()
+    return list(reply.json()["tokens"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from agents.strategy import StrategySettings
 from memory.records import Annealing
@@ -36,10 +36,7 @@ class CollectSettings(BaseModel):
     nudge: bool = False  # NudgeRL: a reviewer's hint for a group that all failed (agents.nudge)
     strategy: StrategySettings | None = None
     guard: Guard = Guard()  # the deadline and input limit on the task set's own code
-    lessons: tuple[str, ...] = Field(  # library lessons for the guided slots, not the demo
-        (),
-        validation_alias=AliasChoices("lessons", "experience"),  # plans stored before 0.2
-    )
+    lessons: tuple[str, ...] = ()  # library lessons for the guided slots, not the demo
 
     def system(self, task: Task) -> str:
         return self.system_prompt or system_prompt(task.taskset)

@@ -215,7 +215,7 @@ def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
         (record,) = store.training_rounds(session)[-1:]
     print(f"feedback to serving: {seconds:.1f} s", file=sys.stderr)
     return {"seconds": seconds, "round": record.round_index, "version": record.policy_out,
-            "train_tokens": record.metrics.get("train_tokens")}  # fmt: skip
+            "train_tokens": record.metrics.train_tokens}  # fmt: skip
 
 
 def _wait(check: Any, process: subprocess.Popen[bytes], seconds: float) -> None:

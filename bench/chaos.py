@@ -50,13 +50,13 @@ from bench.common import Figure, provenance, write_results  # noqa: E402
 from bench.faults import FaultProxy, Faults  # noqa: E402
 from memory import store, workqueue  # noqa: E402
 from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow  # noqa: E402
+from memory.records import Batch  # noqa: E402
 from serving.server import ServerSettings, VllmServer  # noqa: E402
 from verifiers.reasoning import train_tasks  # noqa: E402
 from workers import worker  # noqa: E402
 
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
 STRUCK_TOKENS = 512  # rollouts a fault strikes in the middle of: long enough on a fast machine
-Batch = tuple[int, str, str]
 
 
 class Row(BaseModel):
@@ -77,7 +77,7 @@ class Scene:
     ) -> None:
         self.url, self.model, self.group_size = url, model, group_size
         self.engine: Engine = store.open_store(db_url)
-        self.batch: Batch = (1, "train", model)
+        self.batch = Batch(round_index=1, purpose="train", policy_version=model)
         self.tasks = train_tasks("arithmetic", tasks, seed=5, held_out=[])
         self.stored_at: list[float] = []
         sampling = CollectSettings(group_size=group_size, max_tokens=max_tokens)
@@ -311,7 +311,7 @@ def worker_killed(url: str, model: str, db_url: str, tasks: int, group_size: int
     deadline = time.monotonic() + 180
     while True:
         with store.transaction(scene.engine) as session:
-            progress = workqueue.progress(session, *scene.batch)
+            progress = workqueue.progress(session, scene.batch)
             holders = workqueue.claim_holders(session)
         if progress["done"] >= 1 and holders:
             break
@@ -510,7 +510,9 @@ def soak(args: argparse.Namespace) -> dict[str, object]:
                 batch = totals["batches"]
                 scene = Scene(proxied, model_path.name, f"sqlite:///{work}/soak.db",
                               args.tasks, args.group_size)  # fmt: skip
-                scene.batch = (batch + 1, "train", model_path.name)
+                scene.batch = Batch(
+                    round_index=batch + 1, purpose="train", policy_version=model_path.name
+                )
                 _enqueue(scene)
                 finish(scene.collect(worker_settings(watchdog=SOAK_WATCHDOG)))
                 row = _batch_row(scene)

@@ -32,6 +32,7 @@ from bench.learn import final_version, paired  # noqa: E402
 from bench.smollm2_server import fixed_server  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
 from memory import store, workqueue  # noqa: E402
+from memory.records import Batch  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.server import VllmServer  # noqa: E402
 from trainer.merge import merge_version  # noqa: E402
@@ -139,7 +140,7 @@ def evaluate(folder: Path, tasks: list[Task], port: int) -> dict[str, bool]:
     with VllmServer(settings) as server, tempfile.TemporaryDirectory() as scratch:
         run = RunSettings(db_url=f"sqlite:///{scratch}/confirm.db", workdir=Path(scratch))
         engine = store.open_store(run.db_url)
-        batch = (0, "eval", folder.name)
+        batch = Batch(round_index=0, purpose="eval", policy_version=folder.name)
         sampling = run.eval_settings()
         with store.transaction(engine) as session:
             workqueue.enqueue(session, worker.plan_items(

@@ -47,7 +47,7 @@ from agents.context import bare_messages  # noqa: E402
 from agents.policy import PolicyClient  # noqa: E402
 from agents.settings import CollectSettings  # noqa: E402
 from flows.settings import RunSettings  # noqa: E402
-from memory.records import SamplingSettings  # noqa: E402
+from memory.records import Batch, SamplingSettings  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.server import split_cores  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
@@ -214,7 +214,7 @@ def collect_with_workers(args: argparse.Namespace, cpus: list[str | None]) -> di
             for i, cores in enumerate(cpus)
         ]
         model = servers[0][1].name
-        batch = (1, "train", model)
+        batch = Batch(round_index=1, purpose="train", policy_version=model)
         for i, (url, _) in enumerate(servers):
             stack.enter_context(_worker(db, url, Path(scratch) / f"worker{i}.log"))
         started = time.monotonic()

@@ -85,7 +85,9 @@ def diagnose(session: Any, record: TrainingRound) -> dict[str, Any]:
         "bare_success": _bare_success(groups),
         "lucky": _contradicted([a for g in groups for a in g.attempts if a.correct]),
         "contradicted": _contradicted([a for g in held_out for a in g.attempts[:1]]),
-        **{k: record.metrics.get(k) for k in ("kl_first", "kl_last", "outside_share")},
+        "kl_first": record.metrics.kl_first,
+        "kl_last": record.metrics.kl_last,
+        "outside_share": record.metrics.outside_share,
     }
 
 

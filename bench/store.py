@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import random
@@ -231,7 +232,7 @@ def claim_race(url: str, engine: Any, args: argparse.Namespace) -> tuple[float, 
     items = [
         WorkItem(
             round_index=1, purpose="train", policy_version="bench", task_id=f"bench:{i}",
-            plan={"task": i},
+            plan=json.dumps({"task": i}),
         )
         for i in range(args.items)
     ]  # fmt: skip

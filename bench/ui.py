@@ -32,6 +32,7 @@ from memory.records import (  # noqa: E402
     UNRATED,
     Attempt,
     Group,
+    GroupPlan,
     PolicyVersion,
     Sample,
     SamplingSettings,
@@ -211,7 +212,7 @@ def _turn(name: str, turn: int, rng: random.Random) -> Group:
         policy_version="policy-r1",
         size=1,
         attempts=[attempt],
-        plan={"session": name, "task": f"k:task-{rng.randrange(1000)}"},
+        plan=GroupPlan(session=name, task=f"k:task-{rng.randrange(1000)}"),
     )
 
 

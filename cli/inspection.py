@@ -51,7 +51,7 @@ def _store_lines(session: Session) -> list[str]:
         lines += [f"      {card.line()}" for card in v.scorecards]
     lines.append("recent rounds:")
     for r in store.training_rounds(session):
-        tokens = r.metrics.get("train_tokens", "-")
+        tokens = r.metrics.train_tokens if r.status == "done" else "-"
         lines.append(
             f"   {r.round_index:<3} {r.status:<8} {r.method:<7} {r.policy_in} -> "
             f"{r.policy_out or '-'}  train tokens {tokens}"
@@ -102,7 +102,7 @@ def lineage(args: argparse.Namespace) -> int:
         print(f"{args.version}: not produced by a training round (a base model)")
         return 0
     for r in chain:
-        contexts = ", ".join(f"{k} {v}" for k, v in sorted(r.metrics.get("contexts", {}).items()))
+        contexts = ", ".join(f"{k} {v}" for k, v in sorted(r.metrics.contexts.items()))
         version = versions.get(r.policy_out or "")
         print(
             f"{r.policy_out}  <- round {r.round_index} ({r.method}, {r.status}) on "

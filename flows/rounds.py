@@ -39,7 +39,14 @@ from sqlalchemy.orm import Session
 from flows import artifacts, evaluation, scorecards, stages
 from flows.settings import RunSettings
 from memory import store
-from memory.records import ROLLOUT_KINDS, Group, PolicyVersion, Scorecard, TrainingRound
+from memory.records import (
+    ROLLOUT_KINDS,
+    Group,
+    PolicyVersion,
+    RoundMetrics,
+    Scorecard,
+    TrainingRound,
+)
 from memory.sessions import CAPTURED
 from reports.summary import RoundSummary
 from serving import promotion
@@ -167,7 +174,8 @@ async def train_stage(
         trained = await _train(ctx, groups, name, (seconds, clock), beside)
     except TrainerError as exc:
         get_run_logger().warning("round %d skipped: %s", ctx.round_index, exc)
-        _finish(ctx, record, {"status": "skipped", "metrics": {"reason": str(exc)}})
+        skipped = record.metrics.model_copy(update={"reason": str(exc)})
+        _finish(ctx, record, {"status": "skipped", "metrics": skipped})
         await artifacts.publish_round(ctx.settings, ctx.round_index)
         return summary.model_copy(update={"note": str(exc), "wall_seconds": seconds})
     weights_path = None
@@ -292,8 +300,8 @@ def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound
             policy_in=ctx.current.name,
             policy_out=f"policy-r{ctx.round_index}-{uuid.uuid4().hex[:6]}",
             status="running",
-            hyperparameters=ctx.settings.train.model_dump(),
-            metrics={"stale_groups": stale, "dropped_groups": dropped},
+            hyperparameters=ctx.settings.train.model_dump(mode="json"),
+            metrics=RoundMetrics(stale_groups=stale, dropped_groups=dropped),
             group_ids=[g.id for g in trainable if g.id is not None],
         )
         store.save_training_round(session, record)
@@ -374,7 +382,8 @@ def _judge(
         for card in cards:
             store.record_scorecard(session, name, card)
         decision = promotion.promote(session, name, ctx.settings.gate)
-        metrics = {**record.metrics, **trained.model_dump(), **_figures(cards)}
+        measured = {**record.metrics.model_dump(), **trained.model_dump(), **_figures(cards)}
+        metrics = RoundMetrics.model_validate(measured)
         update = {"policy_out": name, "status": "done", "metrics": metrics}
         store.save_training_round(session, record.model_copy(update=update))
     promoted = decision.action == "promote"
@@ -389,7 +398,7 @@ def _judge(
 def _figures(cards: list[Scorecard]) -> dict[str, object]:
     """The round's record of how it was judged: the pass@1 (when a task set judged it) and
     every scorecard."""
-    found: dict[str, object] = {"scorecards": [c.model_dump(mode="json") for c in cards]}
+    found: dict[str, object] = {"scorecards": cards}
     for card in cards:
         if card.figure == "pass@1":
             found["eval_pass_at_1"] = card.value

@@ -72,8 +72,8 @@ async def grow_with(settings: RunSettings, policy: Endpoint) -> int:
 
 def _reference(turns: list[Group], settings: RunSettings) -> str | None:
     """The reference a session was verified against, where the task set can verify again."""
-    reference = turns[-1].plan.get("reference")
-    return str(reference) if reference is not None and settings.taskset else None
+    reference = turns[-1].plan.reference
+    return reference if reference is not None and settings.taskset else None
 
 
 def _judged(turns: list[Group], settings: RunSettings) -> bool:

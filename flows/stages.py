@@ -39,7 +39,7 @@ from flows.settings import RunSettings
 from memory import library, sessions, store, workqueue
 from memory.embedding import Embedder
 from memory.library import Admission, LibrarySettings
-from memory.records import Attempt, Group, GroupPurpose, LessonDraft, PolicyVersion
+from memory.records import Attempt, Batch, Group, GroupPurpose, LessonDraft, PolicyVersion
 from memory.retrieval import Index
 from serving.adapters import ensure_loaded
 from trainer import distributed
@@ -75,7 +75,7 @@ async def collect(
     that failed by its own doing is left out (logged, and kept on its work item); one that
     failed for want of a server fails the stage."""
     db = store.shared_engine(settings.db_url)
-    batch = (round_index, purpose, version)
+    batch = Batch(round_index=round_index, purpose=purpose, policy_version=version)
     shaping = settings.outcome if purpose == "train" else None
     await Readiness(db, server_url, settings.outage_s).ensure(version, swap=True)
     with store.transaction(db) as session:
@@ -84,7 +84,7 @@ async def collect(
     plan = _planner(settings, db, purpose, sampling, shaping)
     with store.transaction(db) as session:
         workqueue.enqueue(session, worker.plan_items(batch, todo, plan))
-        workqueue.requeue_failed(session, *batch)  # a re-run gives them another chance
+        workqueue.requeue_failed(session, batch)  # a re-run gives them another chance
     get_run_logger().info(
         "%s with %s: %d tasks (%d already stored)", purpose, version, len(tasks), len(done)
     )
@@ -108,7 +108,7 @@ async def collect(
             await reviewer.client.aclose()
     wanted = {t.task_id for t in tasks}
     with store.transaction(db) as session:
-        failed = workqueue.failed(session, *batch)
+        failed = workqueue.failed(session, batch)
         groups = store.load_groups(session, purpose, round_index, version)
     server = [item for item in failed if item.fault != "task"]
     if server:
@@ -219,7 +219,7 @@ async def judge_captured(settings: RunSettings) -> int:
                 log.warning("judge: %s left unrated: %s", group.task_id, exc)
                 continue
             with store.transaction(db) as session:
-                for sid, score in zip(group.plan["sessions"], scores, strict=True):
+                for sid, score in zip(group.plan.sessions, scores, strict=True):
                     store.record_session_feedback(session, sid, score, "judged against its group")
             scored += len(scores)
     finally:  # a server failure propagates; the client is closed either way

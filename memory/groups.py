@@ -33,6 +33,8 @@ from memory.rows import (
     ATTEMPT_PARTS,
     group_record,
     refresh_group_stats,
+    retag,
+    row_plan,
     segment_record,
     step_record,
 )
@@ -151,7 +153,7 @@ def record_session_feedback(
         raise NotFound(f"unknown session {session_id!r}")
     for group in groups:
         if reference is not None:
-            group.plan = {**(group.plan or {}), "reference": reference}
+            retag(group, reference=reference)
         if group.attempts:
             _score(session, group, score, reason)
     return len(groups)
@@ -182,7 +184,7 @@ def _captured(session: Session, capture_id: str, owner: str | None) -> RolloutGr
     group = session.scalars(
         select(RolloutGroupRow).filter_by(purpose="capture", task_id=capture_id)
     ).first()
-    if group is None or (owner is not None and (group.plan or {}).get("owner") != owner):
+    if group is None or (owner is not None and row_plan(group).owner != owner):
         return None
     return group
 

@@ -6,6 +6,7 @@ uses the sampled token ids and their behaviour logprobs, never re-tokenised text
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from datetime import datetime
@@ -15,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationError,
     field_validator,
     model_validator,
@@ -255,12 +257,45 @@ class Attempt(Record):
         return " ".join((self.answer or "<none>").split()).lower()[:200]
 
 
-class Group(Record):
-    """All attempts of one task under one policy version in one round: the GRPO unit.
+class GroupPlan(Record):
+    """What a group was collected under, stored with it as one JSON object (`stored`).
 
-    `plan` is the conditioning plan it was collected under: the sampling settings (which slots
-    were guided, by what), the outcome shaping and the library entries shown.
+    A collected group keeps its worker's settings as the worker wrote them (`sampling`,
+    `outcome`: memory keeps them for the record and reads neither) and the library lessons its
+    guided slots showed (`experience_ids`, with their `similarities` to the task). A captured
+    turn keeps the gateway's tags: its `session` and `task`, each filed under its `owner` (the
+    key's fingerprint), whether it is `held_out`, the `reference` its feedback sent; later, the
+    round that trained on it (`trained_in`), how many `siblings` were sampled for it, or the
+    session it is a sibling of (`sibling_of`). A group of captured episodes lists their
+    `sessions`. Keys a plan stored by an older version may hold are ignored.
     """
+
+    model_config = ConfigDict(
+        frozen=True, from_attributes=True, extra="ignore", populate_by_name=True
+    )
+
+    sampling: dict[str, JsonValue] | None = None
+    outcome: dict[str, JsonValue] | None = None
+    experience_ids: list[int] = Field(default_factory=list)
+    similarities: list[float] = Field(default_factory=list)
+    session: str | None = None
+    task: str | None = None
+    owner: str | None = None
+    reference: str | None = None
+    held_out: bool = False
+    trained_in: int | None = Field(None, alias="round")
+    siblings: int | None = None
+    sibling_of: str | None = None
+    sessions: list[str] = Field(default_factory=list)
+
+    def stored(self) -> dict[str, JsonValue] | None:
+        """The JSON the store keeps: the fields set, none when there are none."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True) or None
+
+
+class Group(Record):
+    """All attempts of one task under one policy version in one round: the GRPO unit, with the
+    `plan` it was collected under."""
 
     id: int | None = None
     round_index: int
@@ -271,7 +306,7 @@ class Group(Record):
     policy_version: str = Field(max_length=200)
     size: int = Field(ge=1)
     attempts: list[Attempt]
-    plan: dict[str, Any] = Field(default_factory=dict)
+    plan: GroupPlan = Field(default_factory=lambda: GroupPlan())
 
     @field_validator("plan", mode="before")
     @classmethod
@@ -303,6 +338,36 @@ class Group(Record):
         return [a for a in self.first_attempts if not a.guided]
 
 
+class RoundMetrics(Record):
+    """What a round measured, stored with it: its data (`stale_groups` sampled by an older
+    version, `dropped_groups` too old to train), its training (the trainer's figures: rows,
+    tokens, loss, KL to the sampling policy, seconds), how it was judged (`scorecards`, the
+    held-out `eval_pass_at_1` when a task set judged it), or why it was skipped (`reason`).
+    Keys stored by an older version are ignored."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True, extra="ignore")
+
+    stale_groups: int = 0
+    dropped_groups: int = 0
+    adapter_path: str | None = None
+    rows: int = 0
+    train_tokens: int = 0
+    loss_first: float | None = None
+    loss_last: float | None = None
+    train_seconds: float = 0.0
+    seconds: float = 0.0
+    resumed_from_step: int = 0
+    contexts: dict[str, int] = Field(default_factory=dict)
+    kl_first: float | None = None
+    kl_last: float | None = None
+    outside_share: float | None = None
+    steps: int = 0
+    processes: int = 1
+    scorecards: list[Scorecard] = Field(default_factory=list)
+    eval_pass_at_1: float | None = None
+    reason: str = ""
+
+
 class TrainingRound(Record):
     """A round's record; `group_ids` is its data cursor, committed before training starts, so a
     killed round resumes on exactly the same groups."""
@@ -312,8 +377,8 @@ class TrainingRound(Record):
     policy_in: str
     policy_out: str | None
     status: Literal["running", "done", "failed", "skipped"]
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, Any] = Field(default_factory=dict)
+    hyperparameters: dict[str, JsonValue] = Field(default_factory=dict)
+    metrics: RoundMetrics = Field(default_factory=lambda: RoundMetrics())
     group_ids: list[int] = Field(default_factory=list)
 
     @field_validator("group_ids", mode="before")
@@ -362,8 +427,9 @@ Fault = Literal["task", "server"]  # whose failure a given-back item last met
 class WorkItem(Record):
     """One task of one batch (round, purpose, policy version) waiting to be collected.
 
-    `plan` is the collecting flow's own typed plan (the task and its sampling settings),
-    serialised: the store keeps it and hands it to whichever worker claims the item.
+    `plan` is the collecting flow's own typed plan (the task and its sampling settings) as
+    JSON text: the store keeps it, reads none of it, and hands it to whichever worker claims
+    the item.
     `lease_expires_at` is a Unix time; a claim whose lease has passed may be taken again.
     An item given back after a failure is not claimed before `not_before`; `failures` counts
     the failures that happened while the server answered probes (an outage counts none), and
@@ -377,7 +443,7 @@ class WorkItem(Record):
     purpose: GroupPurpose
     policy_version: str = Field(max_length=200)
     task_id: str = Field(max_length=200)
-    plan: dict[str, Any]
+    plan: str
     state: WorkState = "queued"
     owner: str | None = None
     lease_expires_at: float | None = None
@@ -387,6 +453,27 @@ class WorkItem(Record):
     error: str | None = None
     fault: Fault | None = None
     abandoned: int = 0
+
+    @field_validator("plan", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        """A plan read from the store's JSON column, as text again."""
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+    @property
+    def batch(self) -> Batch:
+        return Batch(
+            round_index=self.round_index, purpose=self.purpose, policy_version=self.policy_version
+        )
+
+
+class Batch(Record):
+    """The tasks one round collects from one version: the work items of (round, purpose,
+    version)."""
+
+    round_index: int
+    purpose: GroupPurpose
+    policy_version: str = Field(max_length=200)
 
 
 class Setback(Record):

@@ -23,7 +23,8 @@ def save_training_round(session: Session, record: TrainingRound) -> None:
     row = session.scalars(
         select(TrainingRoundRow).filter_by(round_index=record.round_index)
     ).first()
-    values = record.model_dump(exclude={"schema_version"})
+    values = record.model_dump(mode="json", exclude={"schema_version"})
+    values["metrics"] = record.metrics.model_dump(mode="json", exclude_defaults=True)
     if row is None:
         session.add(TrainingRoundRow(**values))
     else:

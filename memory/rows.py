@@ -16,12 +16,7 @@ from memory.models import (
     SegmentRow,
     StepRow,
 )
-from memory.records import (
-    Attempt,
-    Group,
-    Segment,
-    Step,
-)
+from memory.records import Attempt, Group, GroupPlan, Segment, Step
 
 ATTEMPTS = selectinload(RolloutGroupRow.attempts)
 
@@ -118,6 +113,15 @@ def json_fields(text: str) -> dict[str, Any]:
     return fields if isinstance(fields, dict) else {}
 
 
+def row_plan(row: RolloutGroupRow) -> GroupPlan:
+    return GroupPlan.model_validate(row.plan or {})
+
+
+def retag(row: RolloutGroupRow, **changes: object) -> None:
+    """Change fields of a stored group's plan (by their names in `GroupPlan`)."""
+    row.plan = row_plan(row).model_copy(update=changes).stored()
+
+
 def group_record(row: RolloutGroupRow) -> Group:
     return Group(
         id=row.id,
@@ -129,7 +133,7 @@ def group_record(row: RolloutGroupRow) -> Group:
         policy_version=row.policy_version,
         size=row.size,
         attempts=[attempt_record(a) for a in row.attempts],
-        plan=row.plan or {},
+        plan=row_plan(row),
     )
 
 
@@ -184,7 +188,7 @@ def group_columns(group: Group) -> dict[str, Any]:
         "taskset": group.taskset,
         "question": group.question,
         "size": group.size,
-        "plan": group.plan or None,
+        "plan": group.plan.stored(),
         "complete": group.complete,
         "reward_mean": statistics.fmean(rewards) if rewards else None,
         "reward_std": statistics.pstdev(rewards) if rewards else None,

@@ -43,8 +43,8 @@ from memory.errors import NotFound, StoreError
 from memory.groups import captured_turns, load_groups
 from memory.ingest import save_group
 from memory.models import AttemptRow, RolloutGroupRow
-from memory.records import UNRATED, Attempt, CapturedSession, Group, Sample
-from memory.rows import group_record
+from memory.records import UNRATED, Attempt, CapturedSession, Group, GroupPlan, Sample
+from memory.rows import group_record, retag, row_plan
 
 CAPTURED = "gateway"  # the task set of captured traffic and of the groups rounds adopt from it
 REPLY_TOKENS = 256  # a logged turn without max_tokens is answered again with at most this many
@@ -130,7 +130,8 @@ def session_turns(session: Session) -> dict[str, list[Group]]:
     )
     found: dict[str, list[Group]] = defaultdict(list)
     for row in session.scalars(query):
-        found[str((row.plan or {})["session"])].append(group_record(row))
+        group = group_record(row)
+        found[str(group.plan.session)].append(group)
     return dict(found)
 
 
@@ -144,15 +145,20 @@ def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) 
     `min_episodes`: the rated episodes, or (`rated` off) the unrated ones, for a judge."""
     by_task: dict[str, list[tuple[str, Attempt, str]]] = defaultdict(list)
     for sid, turns in session_turns(session).items():
-        if any("round" in g.plan for g in turns) or turns[0].plan.get("held_out"):
+        if _taken(turns):
             continue
-        task = turns[0].plan.get("task")
+        task = turns[0].plan.task
         episode = stitch_turns(turns)
         if task and isinstance(episode, Attempt) and (episode.reason != UNRATED) == rated:
-            by_task[str(task)].append((sid, episode, turns[0].question))
+            by_task[task].append((sid, episode, turns[0].question))
     return [
         _group(task, found) for task, found in sorted(by_task.items()) if len(found) >= min_episodes
     ]
+
+
+def _taken(turns: list[Group]) -> bool:
+    """Whether a session is out of reach of a new round: trained on already, or held out."""
+    return any(g.plan.trained_in is not None for g in turns) or turns[0].plan.held_out
 
 
 def replay_tokens(turn: Attempt) -> int:
@@ -168,7 +174,7 @@ def held_out_turns(session: Session, limit: int) -> dict[str, list[Attempt]]:
     found: dict[str, list[Attempt]] = {}
     taken = 0
     for sid, turns in reversed(session_turns(session).items()):
-        if not turns[0].plan.get("held_out") or taken >= limit:
+        if not turns[0].plan.held_out or taken >= limit:
             continue
         answered = [g.attempts[0] for g in turns if g.attempts and g.attempts[0].sample]
         found[sid] = answered[: limit - taken]
@@ -182,17 +188,14 @@ def lone_sessions(session: Session, min_episodes: int = 2) -> dict[str, list[Gro
     train on: not held out, not adopted, stitched, with no siblings yet and none of their own."""
     by_session = session_turns(session)
     met = Counter(
-        str(t[0].plan["task"])
-        for t in by_session.values()
-        if t[0].plan.get("task") and not t[0].plan.get("held_out")
+        t[0].plan.task for t in by_session.values() if t[0].plan.task and not t[0].plan.held_out
     )
     lone = {}
     for sid, turns in by_session.items():
         plan = turns[0].plan
-        taken = any("round" in g.plan for g in turns) or plan.get("held_out")
-        if taken or "siblings" in plan or "sibling_of" in plan:
+        if _taken(turns) or plan.siblings is not None or plan.sibling_of is not None:
             continue
-        if plan.get("task") and met[str(plan["task"])] >= min_episodes:
+        if plan.task and met[plan.task] >= min_episodes:
             continue
         if isinstance(stitch_turns(turns), Attempt):
             lone[sid] = turns
@@ -205,10 +208,10 @@ def add_siblings(session: Session, sid: str, siblings: list[Attempt]) -> list[st
     filed under its task (the session's own name when it had none); `sid` is marked, so it gets
     siblings once. Returns the siblings' session names."""
     rows = list(session.scalars(captured_turns(sid)))
-    plan = dict(rows[0].plan or {})
-    task = plan.get("task") or sid
+    plan = row_plan(rows[0])
+    task = plan.task or sid
     for row in rows:
-        row.plan = {**(row.plan or {}), "task": task, "siblings": len(siblings)}
+        retag(row, task=task, siblings=len(siblings))
     names = []
     for number, episode in enumerate(siblings, 1):
         name = f"{sid}~{number}"[:200]
@@ -216,7 +219,7 @@ def add_siblings(session: Session, sid: str, siblings: list[Attempt]) -> list[st
             round_index=0, purpose="capture", task_id=f"capture:{uuid.uuid4().hex}",
             taskset=CAPTURED, question=rows[0].question, policy_version=episode.policy_version,
             size=1, attempts=[episode.model_copy(update={"sample_index": 0})],
-            plan={"session": name, "task": task, "owner": plan.get("owner"), "sibling_of": sid},
+            plan=GroupPlan(session=name, task=task, owner=plan.owner, sibling_of=sid),
         )  # fmt: skip
         save_group(session, group)
         names.append(name)
@@ -235,7 +238,7 @@ def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
         policy_version=attempts[0].policy_version,
         size=len(attempts),
         attempts=attempts,
-        plan={"task": task, "sessions": [sid for sid, _, _ in found]},
+        plan=GroupPlan(task=task, sessions=[sid for sid, _, _ in found]),
     )
 
 
@@ -258,9 +261,9 @@ def adopt(
             }
         )
         group_id = save_group(session, train)
-        for sid in group.plan["sessions"]:
+        for sid in group.plan.sessions:
             for row in session.scalars(captured_turns(sid)):
-                row.plan = {**(row.plan or {}), "round": round_index}
+                retag(row, trained_in=round_index)
         adopted.append(train.model_copy(update={"id": group_id}))
     session.flush()
     return adopted
@@ -326,11 +329,11 @@ def hold_out(session: Session, session_id: str) -> int:
     turns = list(session.scalars(captured_turns(session_id)))
     if not turns:
         raise NotFound(f"unknown session {session_id!r}")
-    trained = next((plan["round"] for row in turns if "round" in (plan := row.plan or {})), None)
+    trained = next((r for row in turns if (r := row_plan(row).trained_in) is not None), None)
     if trained is not None:
         raise StoreError(f"session {session_id!r} trained round {trained}: it cannot judge")
     for row in turns:
-        row.plan = {**(row.plan or {}), "held_out": True}
+        retag(row, held_out=True)
     session.flush()
     return len(turns)
 
@@ -346,7 +349,7 @@ def forget(session: Session, session_id: str) -> tuple[int, int]:
     adopted = [
         row.id
         for row in session.scalars(adopted_by)
-        if any(_of(name, session_id) for name in (row.plan or {}).get("sessions", []))
+        if any(_of(name, session_id) for name in row_plan(row).sessions)
     ]
     if not turns and not adopted:
         raise NotFound(f"unknown session {session_id!r}")

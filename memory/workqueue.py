@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +48,7 @@ from sqlalchemy.orm import Session
 
 from memory.database import insert_for, transaction
 from memory.models import WorkItemRow
-from memory.records import GroupPurpose, Setback, WorkItem, WorkState
+from memory.records import Batch, Setback, WorkItem, WorkState
 
 MAX_ABANDONED = 3  # claims an item may outlive its worker before it fails as the task's fault
 
@@ -65,9 +66,14 @@ def enqueue(session: Session, items: list[WorkItem]) -> int:
     """Add the items not queued before; returns how many were new."""
     if not items:
         return 0
-    rows = [item.model_dump(exclude={"id", "schema_version"}) for item in items]
+    rows = [_columns(item) for item in items]
     statement = insert_for(session, WorkItemRow).values(rows).on_conflict_do_nothing()
     return len(session.execute(statement.returning(WorkItemRow.id)).all())
+
+
+def _columns(item: WorkItem) -> dict[str, Any]:
+    values = item.model_dump(exclude={"id", "schema_version"})
+    return values | {"plan": json.loads(item.plan)}
 
 
 def claim(
@@ -75,11 +81,11 @@ def claim(
     owner: str,
     limit: int,
     lease_s: float,
-    batch: tuple[int, GroupPurpose, str] | None = None,
+    batch: Batch | None = None,
     now: float | None = None,
     max_abandoned: int = MAX_ABANDONED,
 ) -> list[WorkItem]:
-    """Claim up to `limit` claimable items (of `batch` = (round, purpose, version), if given).
+    """Claim up to `limit` claimable items (of `batch`, if given).
     An expired claim counts as abandoned; an item abandoned `max_abandoned` times fails."""
     now = time.time() if now is None else now
     expired = and_(WorkItemRow.state == "claimed", WorkItemRow.lease_expires_at < now)
@@ -93,7 +99,7 @@ def claim(
     )
     chosen = select(WorkItemRow.id).where(claimable).order_by(WorkItemRow.id).limit(limit)
     if batch is not None:
-        chosen = chosen.where(*_in_batch(*batch))
+        chosen = chosen.where(*_in_batch(batch))
     if session.get_bind().dialect.name == "postgresql":
         chosen = chosen.with_for_update(skip_locked=True)
     statement = (
@@ -160,27 +166,22 @@ def give_back(
     return row.state  # type: ignore[return-value]
 
 
-def requeue_failed(session: Session, round_index: int, purpose: GroupPurpose, version: str) -> int:
+def requeue_failed(session: Session, batch: Batch) -> int:
     """Give a batch's failed items a fresh start; returns how many."""
     statement = (
         update(WorkItemRow)
-        .where(*_in_batch(round_index, purpose, version), WorkItemRow.state == "failed")
+        .where(*_in_batch(batch), WorkItemRow.state == "failed")
         .values(state="queued", failures=0, abandoned=0, not_before=None, fault=None)
     )
     return _rowcount(session, statement)
 
 
-def failed(
-    session: Session,
-    round_index: int | None = None,
-    purpose: GroupPurpose | None = None,
-    version: str | None = None,
-) -> list[WorkItem]:
+def failed(session: Session, batch: Batch | None = None) -> list[WorkItem]:
     """Failed items, each with its last error and whose it was: a batch's, or (without one)
     every batch's."""
     query = select(WorkItemRow).where(WorkItemRow.state == "failed")
-    if round_index is not None and purpose is not None and version is not None:
-        query = query.where(*_in_batch(round_index, purpose, version))
+    if batch is not None:
+        query = query.where(*_in_batch(batch))
     return [WorkItem.model_validate(row) for row in session.scalars(query.order_by(WorkItemRow.id))]
 
 
@@ -225,11 +226,11 @@ def _fail_abandoned(session: Session, held: ColumnElement[bool], max_abandoned: 
     session.execute(statement)
 
 
-def _in_batch(round_index: int, purpose: GroupPurpose, version: str) -> list[ColumnElement[bool]]:
+def _in_batch(batch: Batch) -> list[ColumnElement[bool]]:
     return [
-        WorkItemRow.round_index == round_index,
-        WorkItemRow.purpose == purpose,
-        WorkItemRow.policy_version == version,
+        WorkItemRow.round_index == batch.round_index,
+        WorkItemRow.purpose == batch.purpose,
+        WorkItemRow.policy_version == batch.policy_version,
     ]
 
 
@@ -239,14 +240,10 @@ def claim_holders(session: Session) -> list[str]:
     return [owner for owner in session.scalars(query) if owner]
 
 
-def progress(
-    session: Session, round_index: int, purpose: GroupPurpose, version: str
-) -> dict[WorkState, int]:
+def progress(session: Session, batch: Batch) -> dict[WorkState, int]:
     """How many items of a batch are in each state."""
     query = (
-        select(WorkItemRow.state, func.count())
-        .where(*_in_batch(round_index, purpose, version))
-        .group_by(WorkItemRow.state)
+        select(WorkItemRow.state, func.count()).where(*_in_batch(batch)).group_by(WorkItemRow.state)
     )
     counts: dict[WorkState, int] = {"queued": 0, "claimed": 0, "done": 0, "failed": 0}
     counts.update({state: n for state, n in session.execute(query)})  # type: ignore[misc]

@@ -93,13 +93,13 @@ def _round_row(session: Session, record: Any) -> RoundRow:
         method=record.method,
         status=record.status,
         policy_out=record.policy_out,
-        eval_pass_at_1=record.metrics.get("eval_pass_at_1"),
+        eval_pass_at_1=record.metrics.eval_pass_at_1,
         success_by_context={k: sum(v) / len(v) for k, v in sorted(hits.items())},
         attempts_by_context={k: len(v) for k, v in sorted(hits.items())},
         generated_tokens=sum(a.generated_tokens for g in groups for a in g.attempts),
-        train_tokens=int(record.metrics.get("train_tokens", 0)),
+        train_tokens=record.metrics.train_tokens,
         collect_seconds=span,
-        train_seconds=float(record.metrics.get("seconds", 0.0)),
+        train_seconds=record.metrics.seconds,
     )
 
 

@@ -149,10 +149,10 @@ def rounds(session: Session) -> list[RoundView]:
         found.append(RoundView(
             round_index=record.round_index, method=record.method, status=record.status,
             policy_in=record.policy_in, policy_out=record.policy_out,
-            rows_by_source=dict(metrics.get("contexts") or {}), groups=groups,
-            stale_share=stale / groups if groups else None, kl_last=metrics.get("kl_last"),
-            collect_s=spans.get(record.round_index, 0.0),
-            train_s=float(metrics.get("seconds", 0.0)), note=str(metrics.get("reason", "")),
+            rows_by_source=dict(metrics.contexts), groups=groups,
+            stale_share=stale / groups if groups else None, kl_last=metrics.kl_last,
+            collect_s=spans.get(record.round_index, 0.0), train_s=metrics.seconds,
+            note=metrics.reason,
         ))  # fmt: skip
     return found
 
@@ -190,9 +190,9 @@ def one_session(session: Session, name: str) -> SessionView | None:
             reward=attempt.reward, reason=attempt.reason,
         ))  # fmt: skip
         seen = len(attempt.messages)
-    plan = groups[0].plan
+    plan, trained = groups[0].plan, [g.plan.trained_in for g in groups]
     return SessionView(
-        name=name, task=plan.get("task"), held_out=bool(plan.get("held_out")),
-        round_index=next((g.plan["round"] for g in groups if "round" in g.plan), None),
+        name=name, task=plan.task, held_out=plan.held_out,
+        round_index=next((r for r in trained if r is not None), None),
         siblings=siblings, turns=turns,
     )  # fmt: skip

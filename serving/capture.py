@@ -26,7 +26,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from memory.records import UNRATED, Attempt, Group, Sample, SamplingSettings
+from memory.records import UNRATED, Attempt, Group, GroupPlan, Sample, SamplingSettings
 from verifiers.task import Task, task_id
 
 CAPTURE_HEADER = "X-Flywheel-Capture-Id"
@@ -48,18 +48,18 @@ def owned(by: str, name: str) -> str:
 
 def tags(
     headers: Mapping[str, str], body: dict[str, Any], by: str, held_out_share: float = 0.0
-) -> dict[str, Any]:
+) -> GroupPlan:
     """The session (header, else the `user` field) and task (header) a request belongs to,
     each filed under its owner `by` (`owner` of the caller's key), and whether the session is
     held out (`held_out`)."""
-    found = {
-        "session": headers.get(SESSION_HEADER) or body.get("user"),
-        "task": headers.get(TASK_HEADER),
-    }
-    tagged: dict[str, Any] = {"owner": by} | {k: owned(by, str(v)) for k, v in found.items() if v}
-    if "session" in tagged and held_out(tagged["session"], held_out_share):
-        tagged["held_out"] = True
-    return tagged
+    session, task = headers.get(SESSION_HEADER) or body.get("user"), headers.get(TASK_HEADER)
+    name = owned(by, str(session)) if session else None
+    return GroupPlan(
+        owner=by,
+        session=name,
+        task=owned(by, task) if task else None,
+        held_out=name is not None and held_out(name, held_out_share),
+    )
 
 
 def held_out(session: str, share: float) -> bool:
@@ -95,7 +95,7 @@ def captured_group(
     body: dict[str, Any],
     response: dict[str, Any],
     task_id: str,
-    tagged: dict[str, Any] | None = None,
+    tagged: GroupPlan | None = None,
 ) -> Group | None:
     """The trajectory in a completed chat response (stored under `task_id`, with its session
     and task `tagged`), or None if it lacks token ids."""
@@ -139,7 +139,7 @@ def captured_group(
         policy_version=body["model"],
         size=1,
         attempts=[attempt],
-        plan=tagged or {},
+        plan=tagged or GroupPlan(),
     )
 
 

@@ -41,6 +41,7 @@ from sqlalchemy import Engine
 
 from memory import store
 from memory.errors import NotFound
+from memory.records import GroupPlan
 from serving import access, capture
 from serving.errors import ServingError, UpstreamError
 from serving.limits import Limited
@@ -293,7 +294,7 @@ def _relay(
     engine: Engine,
     body: dict[str, Any],
     asked: dict[str, bool] | None,
-    tagged: dict[str, Any],
+    tagged: GroupPlan,
 ) -> StreamingResponse:
     """Relay a stream; with capture, record it and drop the fields the caller did not ask
     for. An upstream that fails mid-stream ends it with an error event."""
@@ -338,7 +339,7 @@ async def _recorded(
     body: dict[str, Any],
     content: bytes,
     asked: dict[str, bool],
-    tagged: dict[str, Any],
+    tagged: GroupPlan,
 ) -> Response:
     payload = json.loads(content)
     capture_id = f"capture:{uuid.uuid4().hex}"
@@ -352,7 +353,7 @@ async def _store_capture(
     body: dict[str, Any],
     payload: dict[str, Any],
     capture_id: str,
-    tagged: dict[str, Any],
+    tagged: GroupPlan,
 ) -> bool:
     """Store a captured trajectory; a failure is logged, never the caller's problem."""
     try:

@@ -20,7 +20,7 @@ from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory import store
-from memory.records import Attempt, Group, PolicyVersion, Scorecard, TrainingRound
+from memory.records import Attempt, Group, GroupPlan, PolicyVersion, Scorecard, TrainingRound
 from serving import promotion
 from tests.conftest import free_port, make_group
 from verifiers.reasoning import eval_tasks
@@ -177,7 +177,7 @@ def seed_page(engine: Any) -> None:
             for turn in range(turns):
                 group = make_group([0.0], task_id=f"capture:{name}:{turn}")
                 messages = [{"role": "user", "content": f"add 2 and {i}"} for i in range(turn + 1)]
-                plan = {"session": name, "task": "k:sums"} | ({"round": trained} if trained else {})
+                plan = GroupPlan(session=name, task="k:sums", trained_in=trained)
                 asked = group.attempts[0].model_copy(update={"messages": messages})
                 turn_of = {
                     "purpose": "capture",

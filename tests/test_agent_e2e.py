@@ -57,7 +57,7 @@ def test_an_agents_traffic_trains_the_version_that_answers_it_next(
             (round_record,) = store.lineage(session, trained)[:1]
             groups = store.groups_by_id(session, round_record.group_ids)
         owner = capture.owner("user-key")  # the agent's key: its sessions are filed under it
-        assert [g.plan["sessions"] for g in groups] == [
+        assert [g.plan.sessions for g in groups] == [
             [capture.owned(owner, "agent-1"), capture.owned(owner, "agent-2")]
         ]
         assert [a.reward for a in groups[0].attempts] == [1.0, 0.0]
@@ -156,7 +156,7 @@ def test_a_streaming_tool_agent_is_stored_token_exactly_and_its_next_version_ans
                 (round_record,) = store.lineage(session, trained)[:1]
                 groups = store.groups_by_id(session, round_record.group_ids)
             assert groups and all(len(g.attempts) == 4 for g in groups)  # one and 3 siblings
-            assert all(g.plan["sessions"][0] in sessions for g in groups)
+            assert all(g.plan.sessions[0] in sessions for g in groups)
 
             def answered_by_new() -> bool:  # the gateway follows the store every few seconds
                 hello = [{"role": "user", "content": "hi"}]

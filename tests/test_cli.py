@@ -392,7 +392,7 @@ def test_sandbox_names_the_isolation_in_use(capsys) -> None:
 
 def test_a_dead_model_server_ends_run_and_worker_with_one_line(tmp_path: Path, capsys) -> None:
     from memory import store, workqueue
-    from memory.records import WorkItem
+    from memory.records import Batch, WorkItem
     from tests.conftest import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
@@ -403,13 +403,14 @@ def test_a_dead_model_server_ends_run_and_worker_with_one_line(tmp_path: Path, c
     assert err.startswith(f"flywheel: error: the model server at {dead} does not generate")
     with store.transaction(store.open_store(db)) as session:
         assert store.attempt_counts(session) == {}  # nothing recorded from a dead server
-        item = WorkItem(round_index=1, purpose="train", policy_version="m", task_id="t", plan={})
+        item = WorkItem(round_index=1, purpose="train", policy_version="m", task_id="t", plan="{}")
         workqueue.enqueue(session, [item])
     assert main(["worker", "--db", db, "--server-url", dead, "--outage", "1"]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith(f"flywheel: error: the model server at {dead} does not generate with m")
     with store.transaction(store.open_store(db)) as session:
-        assert workqueue.progress(session, 1, "train", "m")["queued"] == 1  # given back
+        batch = Batch(round_index=1, purpose="train", policy_version="m")
+        assert workqueue.progress(session, batch)["queued"] == 1  # given back
 
 
 def test_serve_refuses_merged_weights(tmp_path: Path, capsys) -> None:

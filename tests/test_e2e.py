@@ -151,7 +151,7 @@ def test_overlapped_rounds_collect_the_next_round_while_one_trains(
     )
     if record.status == "done":
         stale = 3 if first["promoted"] else 0  # sampled by the version before the promotion
-        assert record.metrics["stale_groups"] == stale and record.metrics["dropped_groups"] == 0
+        assert record.metrics.stale_groups == stale and record.metrics.dropped_groups == 0
 
 
 def run_once(tmp_path: Path, *args: str) -> tuple[str, dict]:
@@ -340,7 +340,7 @@ def test_a_run_killed_while_training_resumes_the_round(
         groups = store.load_groups(session, "train", round_index=1)
     assert finished is not None and finished.status == "done"
     assert finished.policy_out == killed.policy_out and finished.group_ids == killed.group_ids
-    assert finished.metrics["resumed_from_step"] >= 5
+    assert finished.metrics.resumed_from_step >= 5
     assert attempts_after["train"] == attempts_before["train"] == 16
     assert all(len(g.first_attempts) == 4 for g in groups)
     assert folders.is_complete(tmp_path / "adapters" / str(finished.policy_out))

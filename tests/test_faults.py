@@ -17,7 +17,7 @@ from agents.collector import Failure, GroupSpec, Hooks, collect_groups
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from memory import store, workqueue
-from memory.records import Group, Setback, WorkItem
+from memory.records import Batch, Group, Setback, WorkItem
 from tests import faulty
 from tests.helpers import client_for, completion
 from verifiers import catalog, guard
@@ -136,8 +136,8 @@ def test_an_environment_that_raises_at_a_step_fails_its_own_episode() -> None:
 
 def test_a_task_fault_always_counts_and_fails_the_item_with_whose_it_was(tmp_path: Path) -> None:
     engine = store.open_store(f"sqlite:///{tmp_path / 'q.db'}")
-    batch = (1, "train", "v0")
-    item = WorkItem(round_index=1, purpose="train", policy_version="v0", task_id="t", plan={})
+    batch = Batch(round_index=1, purpose="train", policy_version="v0")
+    item = WorkItem(round_index=1, purpose="train", policy_version="v0", task_id="t", plan="{}")
     with store.transaction(engine) as session:
         workqueue.enqueue(session, [item])
     for attempt in range(3):
@@ -155,7 +155,7 @@ def test_a_task_fault_always_counts_and_fails_the_item_with_whose_it_was(tmp_pat
 
 def test_an_item_whose_workers_keep_dying_fails_as_the_task_s_fault(tmp_path: Path) -> None:
     engine = store.open_store(f"sqlite:///{tmp_path / 'q.db'}")
-    item = WorkItem(round_index=1, purpose="train", policy_version="v0", task_id="t", plan={})
+    item = WorkItem(round_index=1, purpose="train", policy_version="v0", task_id="t", plan="{}")
     with store.transaction(engine) as session:
         workqueue.enqueue(session, [item])
     now = 1000.0

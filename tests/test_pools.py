@@ -38,6 +38,7 @@ from flows import orchestrator, pools
 from flows.flywheel import DRAIN
 from memory import store, workqueue
 from memory.models import RolloutGroupRow, WorkItemRow
+from memory.records import Batch
 from tests.conftest import free_port, make_group, pg_database
 from tests.helpers import wait_until
 from verifiers.reasoning import train_tasks
@@ -120,7 +121,7 @@ def flow_run(run_id: uuid.UUID) -> FlowRun:
         return client.read_flow_run(run_id)
 
 
-def enqueue(db_url: str, batch: worker.Batch, tasks: int, seed: int) -> list[str]:
+def enqueue(db_url: str, batch: Batch, tasks: int, seed: int) -> list[str]:
     sampling = CollectSettings(group_size=4, max_tokens=24)
     chosen = train_tasks("arithmetic", tasks, seed=seed, held_out=[])
     with store.transaction(store.open_store(db_url)) as session:
@@ -147,7 +148,7 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
     pg_url: str, prefect_api: str, tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     engine = store.open_store(pg_url)
-    batch = (1, "train", tiny_model_path.name)
+    batch = Batch(round_index=1, purpose="train", policy_version=tiny_model_path.name)
     assert anyio.run(pools.ensure_pool, "collect") is True
     assert anyio.run(pools.ensure_pool, "collect") is False  # exists: kept
     pools.drain.to_deployment(
@@ -166,7 +167,7 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
 
         def both_hold_claims() -> bool:
             with store.transaction(engine) as session:
-                done = workqueue.progress(session, *batch)["done"]
+                done = workqueue.progress(session, batch)["done"]
                 return done >= 1 and len(workqueue.claim_holders(session)) == 2
 
         wait_until(both_hold_claims, 240, lambda: logs(tmp_path, pg_url))
@@ -192,7 +193,7 @@ def test_two_pool_workers_share_a_batch_and_a_killed_one_loses_nothing(
         per_task = session.execute(
             select(RolloutGroupRow.task_id, func.count()).group_by(RolloutGroupRow.task_id)
         ).all()
-        counts = workqueue.progress(session, *batch)
+        counts = workqueue.progress(session, batch)
     assert sorted(g.task_id for g in groups) == sorted(task_ids)
     assert all(n == 1 for _, n in per_task)
     assert all(len(g.first_attempts) == 4 for g in groups)

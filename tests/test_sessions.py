@@ -121,7 +121,7 @@ def test_a_sessions_turns_are_stitched_into_the_servers_rendering_of_the_transcr
         assert client.post("/v1/feedback", json={"score": 1.0}).status_code == 422
     with store.transaction(engine) as session:
         (group,) = episode_groups(session)
-    assert group.task_id == f"task:{mine('sum')}" and group.plan["sessions"] == [
+    assert group.task_id == f"task:{mine('sum')}" and group.plan.sessions == [
         mine("s1"),
         mine("s2"),
     ]
@@ -242,7 +242,7 @@ def test_a_round_adopts_rated_episode_groups_once_and_keeps_their_lineage(captur
     with store.transaction(engine) as session:
         (stored,) = store.load_groups(session, "train", 3, "v2", complete_only=True)
         assert episode_groups(session) == []
-    assert stored.id == adopted.id and stored.plan["sessions"] == [mine("s1"), mine("s2")]
+    assert stored.id == adopted.id and stored.plan.sessions == [mine("s1"), mine("s2")]
     assert [a.turns for a in stored.attempts] == [2, 2]
     assert [a.sample for a in stored.attempts] == [a.sample for a in adopted.attempts]
     assert stored.attempts[0].forced_spans == adopted.attempts[0].forced_spans
@@ -384,7 +384,7 @@ def test_a_held_out_session_judges_versions_and_never_trains(capturing) -> None:
         (group,) = episode_groups(session)
         judged = held_out_turns(session, limit=100)
         few = held_out_turns(session, limit=3)
-    assert set(group.plan["sessions"]) == {mine(n) for n in names} - kept
+    assert set(group.plan.sessions) == {mine(n) for n in names} - kept
     assert set(judged) == kept and all(len(turns) == 2 for turns in judged.values())
     assert all(t.sample and t.sample.prompt_token_ids for turns in judged.values() for t in turns)
     assert sum(len(turns) for turns in few.values()) == 3
@@ -440,7 +440,7 @@ def test_a_task_met_once_gets_siblings_from_its_last_turn_scored_as_it_was(captu
     ] * 3
     with store.transaction(engine) as session:
         (group,) = adopt(session, round_index=1, policy_version="v1")
-    assert group.plan["sessions"] == [mine("once"), *(f"{mine('once')}~{k}" for k in (1, 2, 3))]
+    assert group.plan.sessions == [mine("once"), *(f"{mine('once')}~{k}" for k in (1, 2, 3))]
     assert [a.reward for a in group.attempts] == [0.5, 0.5, 0.0, 0.5]  # the same verifier
     assert {a.reason for a in group.attempts[1:]} == {
         "verified: correct, last number (untagged)",

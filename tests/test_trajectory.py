@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, select, text
 
 from memory import database, ingest, store, trajectory
 from memory.models import ReflectionRow, VerdictRow
-from memory.records import Attempt, Group, Sample, SamplingSettings
+from memory.records import Attempt, Group, GroupPlan, Sample, SamplingSettings
 from memory.store import open_store, transaction
 from tests.conftest import make_group
 
@@ -60,7 +60,7 @@ def episode(kind: str = "base", pivot: int = 0, reward: float = 0.0) -> Attempt:
     )
 
 
-def group_of(*attempts: Attempt, plan: dict | None = None) -> Group:
+def group_of(*attempts: Attempt, plan: GroupPlan | None = None) -> Group:
     return Group(
         round_index=1,
         purpose="train",
@@ -70,7 +70,7 @@ def group_of(*attempts: Attempt, plan: dict | None = None) -> Group:
         policy_version="base",
         size=1,
         attempts=list(attempts),
-        plan=plan or {},
+        plan=plan or GroupPlan(),
     )
 
 
@@ -109,7 +109,7 @@ def test_packed_ids_and_logprobs_are_exact() -> None:
 def test_an_episode_round_trips_exactly_with_its_parts(db_url: str) -> None:
     engine = open_store(db_url)
     first, retry = episode(), episode(kind="retry", pivot=5, reward=1.0)
-    plan = {"sampling": {"group_size": 1}, "experience_ids": [3]}
+    plan = GroupPlan(sampling={"group_size": 1}, experience_ids=[3])
     with transaction(engine) as session:
         group_id = store.save_group(session, group_of(first, retry, plan=plan))
     with transaction(engine) as session:

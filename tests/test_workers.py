@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from agents.settings import CollectSettings
 from memory import store, workqueue
 from memory.models import AttemptRow, RolloutGroupRow
+from memory.records import Batch
 from verifiers.reasoning import train_tasks
 from workers import worker
 
@@ -41,7 +42,7 @@ def test_workers_share_a_batch_and_a_killed_one_loses_nothing(
     db_url: str, tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     engine = store.open_store(db_url)
-    batch = (1, "train", tiny_model_path.name)
+    batch = Batch(round_index=1, purpose="train", policy_version=tiny_model_path.name)
     sampling = CollectSettings(group_size=GROUP_SIZE, max_tokens=24)
     tasks = train_tasks("arithmetic", TASKS, seed=3, held_out=[])
     with store.transaction(engine) as session:
@@ -54,7 +55,7 @@ def test_workers_share_a_batch_and_a_killed_one_loses_nothing(
     deadline = time.monotonic() + 120
     while True:  # kill it once it has stored a group and holds claims
         with store.transaction(engine) as session:
-            done = workqueue.progress(session, *batch)["done"]
+            done = workqueue.progress(session, batch)["done"]
             holders = workqueue.claim_holders(session)
         if done >= 1 and holders:
             break
@@ -63,8 +64,11 @@ def test_workers_share_a_batch_and_a_killed_one_loses_nothing(
     os.killpg(doomed.pid, signal.SIGKILL)
     doomed.wait()
 
+    # one task claimed at a time (four in flight), so the first helper up cannot take it all
     helpers = [
-        start_worker(db_url, tiny_server, tmp_path, f"helper{i}", "--idle-exit", "3")
+        start_worker(
+            db_url, tiny_server, tmp_path, f"helper{i}", "--idle-exit", "3", "--lot-size", "1"
+        )
         for i in range(2)
     ]
     for helper in helpers:
@@ -76,11 +80,11 @@ def test_workers_share_a_batch_and_a_killed_one_loses_nothing(
             select(RolloutGroupRow.task_id, func.count()).group_by(RolloutGroupRow.task_id)
         ).all()
         attempts = session.scalar(select(func.count()).select_from(AttemptRow))
-        counts = workqueue.progress(session, *batch)
+        counts = workqueue.progress(session, batch)
     assert {g.task_id for g in groups} == {t.task_id for t in tasks}
     assert all(n == 1 for _, n in per_key)
     assert all(len(g.first_attempts) == GROUP_SIZE for g in groups)
-    assert all(g.plan["sampling"]["group_size"] == GROUP_SIZE for g in groups)  # its plan
+    assert all((g.plan.sampling or {})["group_size"] == GROUP_SIZE for g in groups)  # its plan
     assert attempts == TASKS * GROUP_SIZE
     assert counts == {"queued": 0, "claimed": 0, "done": TASKS, "failed": 0}
     stored = [

@@ -3,6 +3,7 @@ out and are taken again, and 4 processes claiming at once with no item claimed t
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from collections import Counter
@@ -11,10 +12,10 @@ from sqlalchemy import select
 
 from memory import workqueue
 from memory.models import WorkItemRow
-from memory.records import Setback, WorkItem
+from memory.records import Batch, Setback, WorkItem
 from memory.store import open_store, transaction
 
-BATCH = (1, "train", "policy-r0")
+BATCH = Batch(round_index=1, purpose="train", policy_version="policy-r0")
 
 
 def items(count: int, round_index: int = 1) -> list[WorkItem]:
@@ -24,7 +25,7 @@ def items(count: int, round_index: int = 1) -> list[WorkItem]:
             purpose="train",
             policy_version="policy-r0",
             task_id=f"task-{i:03d}",
-            plan={"task": {"task_id": f"task-{i:03d}"}, "group_size": 4},
+            plan=json.dumps({"task": {"task_id": f"task-{i:03d}"}, "group_size": 4}),
         )
         for i in range(count)
     ]
@@ -38,7 +39,7 @@ def test_enqueue_is_idempotent_and_keeps_the_plan(db_url: str) -> None:
         assert workqueue.enqueue(session, items(7)) == 2
     with workqueue.claiming(engine) as session:
         claimed = workqueue.claim(session, "w1", limit=1, lease_s=60)
-    assert claimed[0].plan == {"task": {"task_id": "task-000"}, "group_size": 4}
+    assert json.loads(claimed[0].plan) == {"task": {"task_id": "task-000"}, "group_size": 4}
     assert claimed[0].claims == 1 and claimed[0].owner == "w1"
 
 
@@ -72,7 +73,7 @@ def test_done_items_are_never_claimed_and_completing_twice_is_harmless(db_url: s
     with transaction(engine) as session:
         assert workqueue.complete(session, claimed[0].id)
         assert not workqueue.complete(session, claimed[0].id)
-        assert workqueue.progress(session, *BATCH) == {
+        assert workqueue.progress(session, BATCH) == {
             "queued": 0,
             "claimed": 1,
             "done": 1,
@@ -88,9 +89,8 @@ def test_claims_stay_within_their_batch_and_dead_owners_are_released(db_url: str
     with transaction(engine) as session:
         workqueue.enqueue(session, items(2, round_index=1) + items(2, round_index=2))
     with workqueue.claiming(engine) as session:
-        claimed = workqueue.claim(
-            session, "dead", limit=10, lease_s=600, batch=(2, "train", "policy-r0")
-        )
+        second = BATCH.model_copy(update={"round_index": 2})
+        claimed = workqueue.claim(session, "dead", limit=10, lease_s=600, batch=second)
     assert {i.round_index for i in claimed} == {2}
     with transaction(engine) as session:
         assert workqueue.claim_holders(session) == ["dead"]
@@ -134,7 +134,7 @@ def test_four_processes_claiming_at_once_never_share_an_item(db_url: str) -> Non
     assert len(counts) == 120 and max(counts.values()) == 1
     assert sum(1 for mine in claimed if mine) >= 2  # they did run at the same time
     with transaction(engine) as session:
-        assert workqueue.progress(session, *BATCH) == {
+        assert workqueue.progress(session, BATCH) == {
             "queued": 0,
             "claimed": 0,
             "done": 120,
@@ -169,8 +169,8 @@ def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
     assert give_back(item, counted=True, now=1030.0) == "failed"
     assert claim_at(5000.0) == []
     with transaction(engine) as session:
-        assert workqueue.progress(session, *BATCH)["failed"] == 1
-        [failed] = workqueue.failed(session, *BATCH)
+        assert workqueue.progress(session, BATCH)["failed"] == 1
+        [failed] = workqueue.failed(session, BATCH)
         assert failed.failures == 2 and failed.error == "down at 1030.0"
         assert (
             workqueue.give_back(  # no longer held: nothing changes
@@ -183,7 +183,7 @@ def test_a_given_back_item_waits_out_its_backoff_and_fails_after_max_failures(
             )
             is None
         )
-        assert workqueue.requeue_failed(session, *BATCH) == 1
+        assert workqueue.requeue_failed(session, BATCH) == 1
     [item] = claim_at(6000.0)
     assert item.failures == 0
 
@@ -208,7 +208,7 @@ def test_a_worker_whose_server_stays_down_stops_and_gives_everything_back(tmp_pa
     with pytest.raises(ServerUnavailable, match=r"127.0.0.1:9 does not generate with policy-r0"):
         anyio.run(run)
     with transaction(engine) as session:
-        assert workqueue.progress(session, *BATCH)["queued"] == 3
+        assert workqueue.progress(session, BATCH)["queued"] == 3
         assert workqueue.claim_holders(session) == []
 
 
@@ -263,7 +263,7 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
     assert failure.group_contains(RuntimeError, match="the database went away")
     with transaction(engine) as session:
         assert workqueue.claim_holders(session) == []
-        assert workqueue.progress(session, *BATCH) == {
+        assert workqueue.progress(session, BATCH) == {
             "queued": 3,
             "claimed": 0,
             "done": 0,

@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -37,9 +36,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import groupby
+from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Engine
 
 from agents import outcome
@@ -51,13 +51,11 @@ from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory import library, store, workqueue
 from memory.library import LibrarySettings
-from memory.records import Group, GroupPurpose, Setback, WorkItem
+from memory.records import Batch, Group, GroupPlan, Record, Setback, WorkItem
 from verifiers.task import Task
 from workers.readiness import Readiness
 
 log = logging.getLogger(__name__)
-
-Batch = tuple[int, GroupPurpose, str]
 
 
 class WorkerSettings(BaseModel):
@@ -82,16 +80,46 @@ class WorkerSettings(BaseModel):
         return min(self.retry_s * 2.0 ** max(failures - 1, 0), 60.0)
 
 
-class Plan(BaseModel):
-    """What a worker needs to collect one item: stored on the item, typed here."""
+class Plan(Record):
+    """What a worker needs to collect one item: stored on the item as JSON text, typed here.
 
-    model_config = ConfigDict(frozen=True)
+    Version 2 names the library lessons of the guided slots `sampling.lessons` (version 1:
+    `sampling.experience`) and carries the library's settings, which credit them.
+    """
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = 2
     task: Task
     sampling: CollectSettings
     outcome: OutcomeSettings | None = None
     experience_ids: list[int] = Field(default_factory=list)  # library lessons in the guided slots
     similarities: list[float] = Field(default_factory=list)
+    library: LibrarySettings = LibrarySettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, stored: Any) -> Any:
+        """A version 1 plan (queued by an older flywheel) read as version 2."""
+        if not isinstance(stored, dict) or stored.get("schema_version", 1) >= 2:
+            return stored
+        sampling = dict(stored.get("sampling") or {})
+        if "experience" in sampling:
+            sampling["lessons"] = sampling.pop("experience")
+        return {**stored, "sampling": sampling, "schema_version": 2}
+
+    def conditioning(self) -> GroupPlan:
+        """What the group collected under this plan keeps of it: all but the task."""
+        return GroupPlan(
+            sampling=self.sampling.model_dump(mode="json"),
+            outcome=None if self.outcome is None else self.outcome.model_dump(mode="json"),
+            experience_ids=self.experience_ids,
+            similarities=self.similarities,
+        )
+
+    def share_key(self) -> str:
+        """Items whose plans agree but for the task are collected together."""
+        return self.model_dump_json(exclude={"task"})
 
 
 def new_owner() -> str:
@@ -128,14 +156,13 @@ class IdleClock:
 
 
 def plan_items(batch: Batch, tasks: list[Task], plan: Callable[[Task], Plan]) -> list[WorkItem]:
-    round_index, purpose, version = batch
     return [
         WorkItem(
-            round_index=round_index,
-            purpose=purpose,
-            policy_version=version,
+            round_index=batch.round_index,
+            purpose=batch.purpose,
+            policy_version=batch.policy_version,
             task_id=task.task_id,
-            plan=plan(task).model_dump(mode="json"),
+            plan=plan(task).model_dump_json(),
         )
         for task in tasks
     ]
@@ -162,7 +189,7 @@ def _release_own(engine: Engine, owner: str) -> None:
 
 def batch_done(engine: Engine, batch: Batch) -> bool:
     with store.transaction(engine) as session:
-        counts = workqueue.progress(session, *batch)
+        counts = workqueue.progress(session, batch)
     return counts["queued"] == 0 and counts["claimed"] == 0
 
 
@@ -236,7 +263,7 @@ async def work(
                 if until():
                     break
                 if batch is not None:  # wait out an outage before claiming, not holding claims
-                    await readiness.ensure(batch[2])
+                    await readiness.ensure(batch.policy_version)
                 with workqueue.claiming(engine) as session:
                     lot = workqueue.claim(
                         session, owner, settings.lot_size, settings.lease_s, batch
@@ -264,7 +291,7 @@ async def _collect_lot(crew: _Crew, lot: list[WorkItem], on_stored: Callable[[Gr
 
     async def collect_share(items: list[WorkItem]) -> None:
         nonlocal stored
-        plans = {item.task_id: (item, Plan.model_validate(item.plan)) for item in items}
+        plans = {item.task_id: (item, Plan.model_validate_json(item.plan)) for item in items}
         first, first_plan = next(iter(plans.values()))
 
         def on_group(group: Group) -> None:
@@ -345,8 +372,8 @@ async def _give_back(crew: _Crew, lot: list[WorkItem], failures: dict[int, Failu
 def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> int:
     """Store the group, with the plan it was collected under, and finish its item in one
     transaction; 1 if the group was new."""
-    conditioning = {key: value for key, value in item.plan.items() if key != "task"}
-    group = _as_version(group, item.policy_version).model_copy(update={"plan": conditioning})
+    group = _as_version(group, item.policy_version)
+    group = group.model_copy(update={"plan": plan.conditioning()})
     with store.transaction(engine) as session:
         if plan.outcome is not None and plan.outcome.enabled:
             counts = store.outcome_counts(session, group.task_id)
@@ -356,7 +383,7 @@ def _store_group(engine: Engine, group: Group, item: WorkItem, plan: Plan) -> in
             store.add_outcomes(session, group.task_id, [a.answer_key for a in group.first_attempts])
         if new and plan.experience_ids:
             library.record_use(session, group_id, plan.experience_ids, plan.similarities)
-            library.credit(session, group_id, experience_gain(group), LibrarySettings())
+            library.credit(session, group_id, experience_gain(group), plan.library)
         assert item.id is not None
         workqueue.complete(session, item.id)
     return int(new)
@@ -398,8 +425,8 @@ async def _keep_leases(
 
 
 def _share_key(item: WorkItem) -> tuple[int, str, str, str]:
-    plan = {key: value for key, value in item.plan.items() if key != "task"}
-    return item.round_index, item.purpose, item.policy_version, json.dumps(plan, sort_keys=True)
+    plan = Plan.model_validate_json(item.plan)
+    return item.round_index, item.purpose, item.policy_version, plan.share_key()
 
 
 def _dead_here(owner: str, host: str) -> bool:

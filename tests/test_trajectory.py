@@ -296,3 +296,13 @@ def test_saving_nothing_or_empty_groups_is_harmless(db_url: str) -> None:
         ((group_id, new),) = store.save_groups(session, [empty])
         (loaded,) = store.load_groups(session, "train")
     assert new and loaded.id == group_id and loaded.attempts == [] and not loaded.complete
+
+
+def test_a_group_plan_is_stored_under_the_keys_the_store_queries() -> None:
+    """Only the fields set are stored, the round that trained a session under `round` (the key
+    `session_page` and the page query), and a plan with nothing set as no plan at all."""
+    plan = GroupPlan(session="k:s", task="k:t", owner="k", trained_in=2, held_out=False)
+    assert plan.stored() == {"session": "k:s", "task": "k:t", "owner": "k", "round": 2}
+    assert GroupPlan.model_validate(plan.stored()) == plan
+    assert GroupPlan().stored() is None
+    assert GroupPlan.model_validate({"session": "k:s", "retired": 1}).session == "k:s"

@@ -393,3 +393,19 @@ def test_a_lot_is_claimed_while_earlier_lots_wait_on_their_slowest_groups(
 
     assert anyio.run(run) == 6
     assert set(stored[-2:]) == slow
+
+
+def test_a_plan_queued_by_an_older_version_is_read_as_the_current_one() -> None:
+    """Version 1 named the guided slots' library lessons `sampling.experience`; a queue left
+    by it is collected with them as `lessons`, and the plan read is version 2."""
+    from verifiers.reasoning import train_tasks
+    from workers import worker
+
+    [task] = train_tasks("arithmetic", 1, seed=5, held_out=[])
+    old = {"task": task.model_dump(mode="json"), "sampling": {"experience": ["carry the one"]}}
+    plan = worker.Plan.model_validate_json(json.dumps(old))
+    assert plan.schema_version == 2 and plan.sampling.lessons == ("carry the one",)
+    again = worker.Plan.model_validate_json(plan.model_dump_json())
+    assert again == plan and again.conditioning().stored() == {
+        "sampling": plan.sampling.model_dump(mode="json")
+    }  # the group keeps all of the plan but its task

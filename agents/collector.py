@@ -155,18 +155,18 @@ async def collect_group(
     reviewer = reviewer or policy
     if board is None:
         size = settings.group_size
-        reflect = settings.strategy is not None and settings.strategy.reflect and size > 1
+        reflect = settings.strategy.enabled and settings.strategy.reflect and size > 1
         half = (size + 1) // 2 if reflect else size
         attempts = await wave(client, task, model, settings, limiter, range(half), [])
         attempts += await wave(client, task, model, settings, limiter, range(half, size), attempts)
     else:
         attempts = await sequential_attempts(policy, reviewer, task, settings, limiter, board)
     attempts = await _with_bare_ids(attempts, client, model, bare)
-    if settings.reflect_retry:
+    if settings.retry.enabled:
         attempts += await reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     if settings.nudge and not is_episodic(task.taskset):
         attempts += await nudge(policy, reviewer, task, bare, attempts, settings, limiter)
-    if settings.revise and not is_episodic(task.taskset):
+    if settings.revise.enabled and not is_episodic(task.taskset):
         attempts += await revise(policy, reviewer, task, bare, attempts, settings, limiter)
     return Group(
         round_index=spec.round_index,

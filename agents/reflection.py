@@ -226,7 +226,7 @@ async def reflect_and_retry(
     async def one(parent: Attempt) -> None:
         async with limiter:
             reflection_attempt, reflection = await reflect(
-                reviewer, task.question, parent, settings.reflection == "brief", episodic
+                reviewer, task.question, parent, settings.retry.reflection == "brief", episodic
             )
         if not wants_retry(parent, reflection):
             extras.append(reflection_attempt)

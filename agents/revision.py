@@ -91,21 +91,21 @@ async def revise(
     policy: Endpoint, reviewer: Endpoint, task: Task, bare: Messages, attempts: list[Attempt],
     settings: CollectSettings, limiter: anyio.CapacityLimiter,
 ) -> list[Attempt]:  # fmt: skip
-    """The group's revisions, `settings.revisions` draws of one (empty when nothing is
+    """The group's revisions, `settings.revise.revisions` draws of one (empty when nothing is
     revisable); `bare` is the task's prompt with nothing in context, which they answer.
     Calls to the policy's server take a slot of `limiter`; the reviewer's draws take one only
     when the policy is its own reviewer, so a reviewer of its own writes while the policy's
     slots go on sampling other groups."""
-    parent = revisable(attempts, settings.revise_partial)
+    parent = revisable(attempts, settings.revise.partial)
     if parent is None:
         return []
     messages = (
         blind_messages(task, bare)
-        if settings.revise_blind
+        if settings.revise.blind
         else revise_messages(task, parent, instructions(bare))
     )
     sampling = SamplingSettings(
-        temperature=settings.revise_temperature, max_tokens=settings.max_tokens
+        temperature=settings.revise.temperature, max_tokens=settings.max_tokens
     )
     revisions: list[Attempt] = []
     slots = Slots(limiter, reviewer.client.url == policy.client.url)
@@ -116,7 +116,7 @@ async def revise(
         revisions.append(await _revision(policy, reviewer, case, index, slots))
 
     async with anyio.create_task_group() as group:
-        for index in range(settings.revisions):
+        for index in range(settings.revise.revisions):
             group.start_soon(draw, index)
     return sorted(revisions, key=lambda a: a.sample_index)
 

@@ -86,7 +86,7 @@ async def first_attempt(
             return Attempt.faulted(str(fault), **base, sampling=sampling)
         return await run_episode(client, env, model, sampling, index)
     messages, held = conditioning(task, settings, index, insights, earlier)
-    if settings.strategy is None:
+    if not settings.strategy.enabled:
         return await attempt_task(Endpoint(client, model), task, messages, sampling, index, held)
     try:
         prompt_ids = await client.tokenize(model, messages)

@@ -38,6 +38,7 @@ ANSWER_CUE = "Answer:"
 class StrategySettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    enabled: bool = Field(False, description="strategy first, then the answer (SGE)")
     low_temperature: float = Field(0.7, ge=0.0)
     high_temperature: float = Field(1.3, ge=0.0)
     action_temperature: float = Field(0.6, ge=0.0)

@@ -43,29 +43,36 @@ sys.path.insert(0, str(ROOT))
 from agents.collector import GroupSpec, collect_group  # noqa: E402
 from agents.insight import InsightBoard  # noqa: E402
 from agents.policy import Endpoint, PolicyClient  # noqa: E402
-from agents.settings import CollectSettings  # noqa: E402
+from agents.settings import (  # noqa: E402
+    AnnealSettings,
+    CollectSettings,
+    RetrySettings,
+    ReviseSettings,
+)
 from agents.strategy import StrategySettings  # noqa: E402
 from bench.common import Figure, provenance, write_results  # noqa: E402
 from bench.smollm2_server import policy_and_reviewer  # noqa: E402
-from memory.records import FIRST_KINDS, VERIFIED_KINDS, Annealing, Attempt, Group  # noqa: E402
+from memory.records import FIRST_KINDS, VERIFIED_KINDS, Attempt, Group  # noqa: E402
 from reports.intervals import paired_difference, wilson  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from verifiers.catalog import train_tasks  # noqa: E402
 from verifiers.task import Task  # noqa: E402
 
+R3L, HERL = RetrySettings(enabled=True), ReviseSettings(enabled=True)
+SGE = StrategySettings(enabled=True)
 METHODS: dict[str, dict[str, Any]] = {
     "plain": {},
-    "r3l": {"reflect_retry": True},  # brief reflections, the default
-    "r3l-brief": {"reflect_retry": True, "reflection": "brief"},
-    "r3l-full": {"reflect_retry": True, "reflection": "full"},
-    "herl": {"revise": True},
+    "r3l": {"retry": R3L},  # brief reflections, the default
+    "r3l-brief": {"retry": RetrySettings(enabled=True, reflection="brief")},
+    "r3l-full": {"retry": RetrySettings(enabled=True, reflection="full")},
+    "herl": {"revise": HERL},
     "nudge": {"nudge": True},
-    "nudge+herl": {"nudge": True, "revise": True},
-    "ead": {"annealing": Annealing()},
-    "r3l+herl": {"reflect_retry": True, "revise": True},
-    "sge": {"strategy": StrategySettings()},
-    "sge+r3l": {"strategy": StrategySettings(), "reflect_retry": True},
-    "sge+r3l+insights": {"strategy": StrategySettings(), "reflect_retry": True, "insights": True},
+    "nudge+herl": {"nudge": True, "revise": HERL},
+    "ead": {"anneal": AnnealSettings(enabled=True)},
+    "r3l+herl": {"retry": R3L, "revise": HERL},
+    "sge": {"strategy": SGE},
+    "sge+r3l": {"strategy": SGE, "retry": R3L},
+    "sge+r3l+insights": {"strategy": SGE, "retry": R3L, "insights": True},
 }
 
 
@@ -125,7 +132,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     found = []
     for method, m in methods.items():
         everyone, n = m["solved_at_cost_per_task"], len(m["solved_at_cost_per_task"])
-        revised = bool(METHODS.get(method, {}).get("revise"))
+        revised = "revise" in METHODS.get(method, {})
         if revised:
             found.append(Figure.share(f"{method}: solved at equal cost, revisions counted",
                                       sum(everyone), n, "policy and reviewer"))  # fmt: skip

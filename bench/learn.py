@@ -65,43 +65,50 @@ from reports.intervals import error_bars, paired_difference  # noqa: E402
 from reports.table import text_table  # noqa: E402
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
 
+# Arms as settings by their dotted keys (a TOML file of dotted keys each).
+UNGUIDED: dict[str, Any] = {"collect.guided_fraction": 0.0, "train.mode": "grpo"}
+HERL: dict[str, Any] = {"collect.revise.enabled": True}
 # the default with HeRL's revisions drawn at 1.0, the best verified one trained as a distill copy
 DISTILLED_HERL: dict[str, Any] = {
-    "revise": True,
-    "revise_temperature": 1.0,
-    "train": {"mode": "rltldr", "revision_weight": "distill"},
+    **HERL,
+    "collect.revise.temperature": 1.0,
+    "train.mode": "rltldr",
+    "train.revision_weight": "distill",
 }
 ARMS: dict[str, dict[str, Any]] = {
-    "grpo": {"train": {"mode": "grpo"}},
-    "r3l": {"reflect_retry": True, "halve_group": True, "train": {"mode": "r3l"}},
-    "rltldr": {"train": {"mode": "rltldr"}},
-    "plain": {"guided_fraction": 0.0, "train": {"mode": "grpo"}},
-    "herl": {"guided_fraction": 0.0, "revise": True, "train": {"mode": "grpo"}},
-    "ead": {"guided_fraction": 0.0, "anneal": True, "train": {"mode": "grpo"}},
-    "nudge": {"guided_fraction": 0.0, "nudge": True, "train": {"mode": "grpo"}},
-    "nudge+herl": {
-        "guided_fraction": 0.0,
-        "nudge": True,
-        "revise": True,
-        "train": {"mode": "grpo"},
+    "grpo": {"train.mode": "grpo"},
+    "r3l": {"collect.retry.enabled": True, "halve_group": True, "train.mode": "r3l"},
+    "rltldr": {"train.mode": "rltldr"},
+    "plain": UNGUIDED,
+    "herl": {**UNGUIDED, **HERL},
+    "ead": {**UNGUIDED, "collect.anneal.enabled": True},
+    "nudge": {**UNGUIDED, "collect.nudge": True},
+    "nudge+herl": {**UNGUIDED, **HERL, "collect.nudge": True},
+    "rltldr+herl": {**HERL, "train.mode": "rltldr"},
+    "rltldr+herl4": {**DISTILLED_HERL, "collect.revise.revisions": 4},
+    "rltldr+herl2p": {
+        **DISTILLED_HERL,
+        "collect.revise.revisions": 2,
+        "collect.revise.partial": True,
     },
-    "rltldr+herl": {"revise": True, "train": {"mode": "rltldr"}},
-    "rltldr+herl4": {**DISTILLED_HERL, "revisions": 4},
-    "rltldr+herl2p": {**DISTILLED_HERL, "revisions": 2, "revise_partial": True},
-    "rltldr+herl4b": {**DISTILLED_HERL, "revisions": 4, "revise_blind": True},
+    "rltldr+herl4b": {
+        **DISTILLED_HERL,
+        "collect.revise.revisions": 4,
+        "collect.revise.blind": True,
+    },
     "rltldr+herl4pb": {
         **DISTILLED_HERL,
-        "revisions": 4,
-        "revise_partial": True,
-        "revise_blind": True,
+        "collect.revise.revisions": 4,
+        "collect.revise.partial": True,
+        "collect.revise.blind": True,
     },
-    "rltldr+nudge": {"nudge": True, "train": {"mode": "rltldr"}},
+    "rltldr+nudge": {"collect.nudge": True, "train.mode": "rltldr"},
 }
 # the arms a reviewer serves: those that reflect, revise or nudge
 REVIEWED = tuple(
     arm
     for arm, spec in ARMS.items()
-    if spec.get("reflect_retry") or spec.get("revise") or spec.get("nudge")
+    if any(spec.get(f"collect.{m}") for m in ("retry.enabled", "revise.enabled", "nudge"))
 )
 
 
@@ -280,16 +287,12 @@ def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def _toml(spec: dict[str, Any]) -> str:
+    """An arm's settings as TOML, one dotted key a line."""
+
     def value(v: Any) -> str:
         return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
 
-    flat = [f"{k} = {value(v)}" for k, v in spec.items() if not isinstance(v, dict)]
-    tables = [
-        f"[{k}]\n" + "\n".join(f"{kk} = {value(vv)}" for kk, vv in v.items())
-        for k, v in spec.items()
-        if isinstance(v, dict)
-    ]
-    return "\n".join(flat + tables) + "\n"
+    return "".join(f"{key} = {value(v)}\n" for key, v in spec.items())
 
 
 def _arm_of(parser: argparse.ArgumentParser, spec: str) -> dict[str, Any]:

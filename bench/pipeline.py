@@ -153,14 +153,14 @@ def through_flow(
     from flows.stages import collect
 
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as scratch:
+        sampling = CollectSettings(
+            group_size=args.group_size, temperature=1.0, max_tokens=args.max_tokens
+        )
         settings = RunSettings(
             db_url=f"sqlite:///{scratch}/fw.db",
             workdir=Path(scratch),
             concurrency=args.concurrency,
-            max_tokens=args.max_tokens,
-        )
-        sampling = CollectSettings(
-            group_size=args.group_size, temperature=1.0, max_tokens=args.max_tokens
+            collect=sampling.model_dump(),
         )
 
         @flow(name="bench-pipeline")

@@ -2,7 +2,8 @@
 
 Each setting is defined once, in its settings class (type, default, bounds, description); the
 TOML file and these flags both fill it. `FLAGGED` names the settings a flag may set; the flag is
-the setting's name with dashes (`group_size` is `--group-size`, `train.mode` is `--mode`).
+the setting's name with dashes (`collect.group_size` is `--group-size`, `train.mode` is
+`--mode`), or its name in `RENAMED` (a method's switch is the method's flag: `--revise`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ FLAGGED = (
     "tasks",
     "overlap",
     "max_staleness",
-    "group_size",
+    "collect.group_size",
     "eval_tasks",
     "taskset",
     "source",
@@ -32,20 +33,20 @@ FLAGGED = (
     "siblings",
     "evaluation",
     "gate.held_out_share",
-    "temperature",
-    "guided_fraction",
-    "sge",
-    "reflect_retry",
-    "reflection",
-    "insights",
-    "revise",
-    "revisions",
-    "nudge",
-    "anneal",
+    "collect.temperature",
+    "collect.guided_fraction",
+    "collect.strategy.enabled",
+    "collect.retry.enabled",
+    "collect.retry.reflection",
+    "collect.insights",
+    "collect.revise.enabled",
+    "collect.revise.revisions",
+    "collect.nudge",
+    "collect.anneal.enabled",
     "reviewer",
     "reviewer_url",
     "reviewer_model",
-    "library",
+    "library.enabled",
     "weights",
     "outcome.bonus",
     "outcome.repeat_penalty",
@@ -54,7 +55,15 @@ FLAGGED = (
     "train.epochs",
     "train.processes",
 )
-RENAMED = {"outcome.bonus": "--outcome-bonus", "train.processes": "--train-processes"}
+RENAMED = {
+    "outcome.bonus": "--outcome-bonus",
+    "train.processes": "--train-processes",
+    "collect.strategy.enabled": "--sge",
+    "collect.retry.enabled": "--reflect-retry",
+    "collect.revise.enabled": "--revise",
+    "collect.anneal.enabled": "--anneal",
+    "library.enabled": "--library",
+}
 
 
 def flag(key: str) -> str:
@@ -92,14 +101,16 @@ def run_settings(args: argparse.Namespace, fixed: dict[str, Any]) -> RunSettings
 
 
 def _field(key: str) -> tuple[FieldInfo, Any]:
+    """A setting's field, and its default in a run (a table's defaults may be the run's own:
+    `collect`'s temperature)."""
     model: type[BaseModel] = RunSettings
+    default: Any = RunSettings()
     *tables, leaf = key.split(".")
     for table in tables:
         nested = model.model_fields[table].annotation
         assert isinstance(nested, type) and issubclass(nested, BaseModel)
-        model = nested
-    field = model.model_fields[leaf]
-    return field, field.get_default(call_default_factory=True)
+        model, default = nested, getattr(default, table)
+    return model.model_fields[leaf], getattr(default, leaf)
 
 
 def _kind(annotation: Any) -> tuple[Any, list[str] | None]:

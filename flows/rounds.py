@@ -146,9 +146,9 @@ async def collect_stage(ctx: RoundContext, tasks: list[Task], clock: Clock) -> l
     collect = stages.within_deadline(stages.collect, settings)
     groups = await collect(
         settings, ctx.server_url, tasks, ctx.current.name, ctx.round_index, "train",
-        settings.collect_settings(),
+        settings.collect,
     )  # fmt: skip
-    if settings.library:
+    if settings.library.enabled:
         with clock.stage("curate"):
             stages.within_deadline(stages.curate, settings)(settings, groups)
     return groups

@@ -10,14 +10,46 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agents.outcome import OutcomeSettings
 from agents.settings import CollectSettings
-from agents.strategy import StrategySettings
 from flows.errors import FlowError
-from memory.records import Annealing, describe
+from memory.library import LibrarySettings
+from memory.records import describe
 from serving.promotion import Gate
 from trainer.settings import TrainSettings
-from verifiers.guard import Guard
 
 DEFAULT_WORKDIR = Path(".flywheel")
+MOVED = {  # settings of 0.2 that moved into a table
+    "group_size": "collect.group_size",
+    "temperature": "collect.temperature",
+    "max_tokens": "collect.max_tokens",
+    "guided_fraction": "collect.guided_fraction",
+    "sge": "collect.strategy.enabled",
+    "strategy": "collect.strategy",
+    "reflect_retry": "collect.retry.enabled",
+    "reflection": "collect.retry.reflection",
+    "insights": "collect.insights",
+    "anneal": "collect.anneal.enabled",
+    "annealing": "collect.anneal.schedule",
+    "revise": "collect.revise.enabled",
+    "revisions": "collect.revise.revisions",
+    "revise_temperature": "collect.revise.temperature",
+    "revise_partial": "collect.revise.partial",
+    "revise_blind": "collect.revise.blind",
+    "nudge": "collect.nudge",
+    "guard": "collect.guard",
+    "library_k": "library.k",
+    "library": "library.enabled",  # a switch then, a table now
+}
+
+
+class RunCollect(CollectSettings):
+    """A run's collection: groups of at least two, sampled below the API's default temperature,
+    half of each shown a worked example; the rest as `CollectSettings` has it."""
+
+    group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
+    temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")
+    guided_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
+    )
 
 
 class RunSettings(BaseModel):
@@ -46,7 +78,6 @@ class RunSettings(BaseModel):
         "promotions before the version it trains from (importance-corrected against their "
         "sampling logprobs); older groups are left out and counted",
     )
-    group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
     eval_tasks: int = Field(64, ge=1, description="held-out tasks, never trained on")
     taskset: str = Field(
         "arithmetic", description="task set: a name, gym:NAME, or a plugin's module:attribute"
@@ -76,54 +107,8 @@ class RunSettings(BaseModel):
     )
     db_url: str = f"sqlite:///{DEFAULT_WORKDIR}/flywheel.db"
     workdir: Path = DEFAULT_WORKDIR
-    temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")
-    max_tokens: int = Field(128, ge=1)
-    guided_fraction: float = Field(
-        0.5, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
-    )
-    sge: bool = Field(False, description="strategy first, then the answer (SGE)")
-    strategy: StrategySettings = StrategySettings()
-    reflect_retry: bool = Field(False, description="reflect on failed attempts and retry (R3L)")
-    reflection: Literal["full", "brief"] = Field(
-        "brief",
-        description="what a reflection holds: the principle alone (brief: a quarter of the "
-        "reviewer's tokens, and more tasks solved), or summary, root cause, outcome and principle",
-    )
-    insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")
-    anneal: bool = Field(
-        False,
-        description="sample first attempts with the temperature annealed over their tokens, "
-        "from 1.2 to 0.1 (EAD)",
-    )
-    annealing: Annealing = Annealing()
-    revise: bool = Field(
-        False,
-        description="the reviewer revises the best attempt of a group that all failed, and a "
-        "revision the verifier passes is trained off-policy (HeRL)",
-    )
-    revisions: int = Field(
-        1,
-        ge=1,
-        description="HeRL: the reviewer draws this many revisions of a failed group's best "
-        "attempt, and the best one the verifier passes is trained",
-    )
-    revise_temperature: float = Field(
-        0.3, ge=0.0, description="HeRL: the temperature of the reviewer's revisions"
-    )
-    revise_partial: bool = Field(
-        False,
-        description="HeRL: also revise a group some of whose first attempts reached full "
-        "reward (its best attempt that did not); a verified revision then joins the successes",
-    )
-    revise_blind: bool = Field(
-        False,
-        description="HeRL: the reviewer is not shown the failed attempt and answers the task "
-        "afresh (a small reviewer tends to copy the wrong answer it is shown)",
-    )
-    nudge: bool = Field(
-        False,
-        description="the reviewer writes a hint for a group that all failed, the policy tries "
-        "again with it, and its successes are distilled into the bare prompt (NudgeRL)",
+    collect: RunCollect = Field(
+        RunCollect(), description="how train groups are sampled, each method in a table of its own"
     )
     reviewer_url: str | None = Field(
         None, description="an endpoint for reflections and judgements; none: the policy itself"
@@ -135,12 +120,7 @@ class RunSettings(BaseModel):
         "(qwen2.5-coder-0.5b, qwen2.5-coder-1.5b or a model folder); flywheel run only",
     )
     outcome: OutcomeSettings = OutcomeSettings()
-    library: bool = Field(
-        False,
-        description="grow an experience library from insights and improved retries; its "
-        "lessons replace the worked example in the guided slots (EDGE)",
-    )
-    library_k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
+    library: LibrarySettings = LibrarySettings()
     concurrency: int = Field(64, ge=1, description="requests in flight to the model server")
     replicas: list[str] = Field(
         default_factory=list,
@@ -161,12 +141,6 @@ class RunSettings(BaseModel):
     stage_timeout_s: float = Field(
         7200.0, gt=0, description="a stage (collect, train, swap, ...) running longer fails"
     )
-    guard: Guard = Field(
-        Guard(),
-        description="limits on the task set's own code (verifier, environment, sandbox): a "
-        "call past deadline_s, or one that raises, is the task's failure; answers longer than "
-        "max_chars are wrong unread",
-    )
     train: TrainSettings = TrainSettings()
     gate: Gate = Gate()
 
@@ -180,8 +154,6 @@ class RunSettings(BaseModel):
             raise ValueError("judge needs a reviewer: --reviewer-url and --reviewer-model")
         if self.replicas and self.weights != "lora":
             raise ValueError("replicas serve versions as LoRA adapters: set weights to lora")
-        if self.anneal and self.sge:
-            raise ValueError("anneal and sge both set an attempt's temperatures: choose one")
         return self
 
     @property
@@ -192,30 +164,11 @@ class RunSettings(BaseModel):
     def merged_root(self) -> Path:
         return self.workdir / "merged"
 
-    def collect_settings(self) -> CollectSettings:
-        return CollectSettings(
-            group_size=self.group_size,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            guided_fraction=self.guided_fraction,
-            reflect_retry=self.reflect_retry,
-            reflection=self.reflection,
-            insights=self.insights,
-            revise=self.revise,
-            revisions=self.revisions,
-            revise_temperature=self.revise_temperature,
-            revise_partial=self.revise_partial,
-            revise_blind=self.revise_blind,
-            nudge=self.nudge,
-            annealing=self.annealing if self.anneal else None,
-            strategy=self.strategy if self.sge else None,
-            guard=self.guard,
-        )
-
     def eval_settings(self) -> CollectSettings:
         """Held-out evaluation: one greedy sample per task, no guidance in context."""
+        collect = self.collect
         return CollectSettings(
-            group_size=1, temperature=0.0, max_tokens=self.max_tokens, guard=self.guard
+            group_size=1, temperature=0.0, max_tokens=collect.max_tokens, guard=collect.guard
         )
 
 
@@ -243,6 +196,11 @@ def load_run_settings(
                 table = ".".join(parents[: depth + 1])
                 raise FlowError(f"setting {table}: expected a table of settings, not {node!r}")
         node[leaf] = value
+    moved = [old for old in MOVED if old in values]
+    if isinstance(values.get("library"), bool):
+        moved.append("library")
+    if moved:
+        raise FlowError(f"setting {moved[0]}: moved to {MOVED[moved[0]]}")
     try:
         return RunSettings.model_validate(values)
     except ValidationError as exc:

@@ -4,8 +4,8 @@ from.
 1. Which sessions: those whose task was met by fewer than two sessions
    (`memory.sessions.lone_sessions`); a session with no task tag is a task of its own.
 2. Which turn: the last one only. Its logged prompt ids hold every earlier turn and every tool
-   result as they happened, so `group_size - 1` siblings sampled there by the serving version
-   continue the very context the session's own answer had, and each is a whole episode (the
+   result as they happened, so `collect.group_size - 1` siblings sampled there by the serving
+   version continue the very context the session's own answer had, and each is a whole episode (the
    session's earlier turns, then its own last answer). An earlier turn would need the tool
    results its sibling's own calls would have got; the logged ones fit only a sibling that
    calls the same tools with the same arguments, so earlier turns get no siblings.
@@ -56,7 +56,7 @@ async def grow_with(settings: RunSettings, policy: Endpoint) -> int:
         reference = _reference(turns, settings)
         if reference is None and not _judged(turns, settings):
             continue
-        drawn = [await _sibling(policy, turns) for _ in range(settings.group_size - 1)]
+        drawn = [await _sibling(policy, turns) for _ in range(settings.collect.group_size - 1)]
         scores = []
         if reference is not None:
             scores = [await _verified(settings, turns, answer, reference) for _, answer in drawn]

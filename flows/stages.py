@@ -38,7 +38,7 @@ from agents.settings import CollectSettings
 from flows.settings import RunSettings
 from memory import library, sessions, store, workqueue
 from memory.embedding import Embedder
-from memory.library import Admission, LibrarySettings
+from memory.library import Admission
 from memory.records import Attempt, Batch, Group, GroupPurpose, LessonDraft, PolicyVersion
 from memory.retrieval import Index
 from serving.adapters import ensure_loaded
@@ -131,7 +131,7 @@ def _planner(
     shaping: OutcomeSettings | None,
 ) -> Callable[[Task], worker.Plan]:
     """How each task is collected; with the library on, train tasks get its lessons."""
-    if not (settings.library and purpose == "train"):
+    if not (settings.library.enabled and purpose == "train"):
         return lambda task: worker.Plan(task=task, sampling=sampling, outcome=shaping)
     with store.transaction(db) as session:
         stored = library.lessons(session)
@@ -139,7 +139,7 @@ def _planner(
     index = Index(stored, vectors, _embedder())
 
     def plan(task: Task) -> worker.Plan:
-        hits = index.search(task.question, task.task_id, task.taskset, k=settings.library_k)
+        hits = index.search(task.question, task.task_id, task.taskset, k=settings.library.k)
         lessons = tuple(hit.lesson.text for hit in hits)
         return worker.Plan(
             task=task,
@@ -147,6 +147,7 @@ def _planner(
             outcome=shaping,
             experience_ids=[hit.lesson.id for hit in hits],
             similarities=[hit.score for hit in hits],
+            library=settings.library,
         )
 
     return plan
@@ -157,7 +158,7 @@ def curate(settings: RunSettings, groups: list[Group]) -> Admission:
     """Grow the library from this round's lessons that the verifier confirmed."""
     drafts = confirmed_lessons(groups)
     with store.transaction(store.shared_engine(settings.db_url)) as session:
-        report = library.admit(session, drafts, LibrarySettings(), _embedder().embed_bytes)
+        report = library.admit(session, drafts, settings.library, _embedder().embed_bytes)
         size = library.size(session)
     get_run_logger().info(
         "library: %d lessons added, %d merged, %d refused; %d active",

@@ -53,8 +53,17 @@ def _per_zone(do: int, avoid: int) -> dict[Zone, int]:
 
 
 class LibrarySettings(BaseModel):
+    """EDGE's experience library: on or off, how many lessons a prompt shows, and how lessons
+    are admitted, credited and pruned."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    enabled: bool = Field(
+        False,
+        description="grow an experience library from insights and improved retries; its "
+        "lessons replace the worked example in the guided slots (EDGE)",
+    )
+    k: int = Field(4, ge=1, description="lessons per prompt, within 800 characters")
     rate_limit: dict[Zone, int] = Field(default_factory=lambda: _per_zone(10, 5))
     capacity: dict[Zone, int] = Field(default_factory=lambda: _per_zone(100, 50))
     decay: float = Field(0.9, ge=0.0, le=1.0)

@@ -9,7 +9,7 @@ import pytest
 
 from agents import annealing
 from agents.policy import PolicyClient
-from agents.settings import CollectSettings
+from agents.settings import AnnealSettings, CollectSettings
 from flows.settings import RunSettings
 from memory.records import Annealing, SamplingSettings
 from tests.helpers import TASK, collect_task, completion
@@ -58,7 +58,7 @@ def annealing_server(seen: list[dict], stop_after: int):
 
 def test_an_annealed_attempt_continues_each_span_from_the_exact_ids() -> None:
     seen: list[dict] = []
-    settings = CollectSettings(group_size=1, max_tokens=96, annealing=SCHEDULE)
+    settings = CollectSettings(group_size=1, max_tokens=96, anneal=on(SCHEDULE))
     (attempt,) = collect_task(annealing_server(seen, stop_after=2), settings).attempts
     chat, first, second = seen
     assert (chat["temperature"], chat["max_tokens"]) == (1.2, 8)
@@ -76,10 +76,15 @@ def test_an_annealed_attempt_continues_each_span_from_the_exact_ids() -> None:
 
 
 def test_anneal_and_sge_are_refused_together() -> None:
-    assert RunSettings(anneal=True).collect_settings().annealing == SCHEDULE
-    assert RunSettings().collect_settings().annealing is None
+    annealed = {"anneal": {"enabled": True}}
+    assert RunSettings.model_validate({"collect": annealed}).collect.annealing == SCHEDULE
+    assert RunSettings().collect.annealing is None
     with pytest.raises(ValueError, match="choose one"):
-        RunSettings(anneal=True, sge=True)
+        RunSettings.model_validate({"collect": {**annealed, "strategy": {"enabled": True}}})
+
+
+def on(schedule: Annealing) -> AnnealSettings:
+    return AnnealSettings(enabled=True, schedule=schedule)
 
 
 def test_an_episode_anneals_turn_by_turn() -> None:

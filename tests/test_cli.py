@@ -78,8 +78,9 @@ def test_bad_input_is_one_line(args, message, tmp_path: Path, capsys) -> None:
     [
         (b"rounds = 2\n# caf\xe9\n", [], "not UTF-8 text"),
         (b"train = 1\n", ["--mode", "grpo"], "setting train: expected a table of settings, not 1"),
-        (b"[annealing]\nt_maxx = 2.0\n", [], "annealing.t_maxx: Extra inputs are not permitted"),
-        (b"[guard]\ndeadline = 2\n", [], "guard.deadline: Extra inputs are not permitted"),
+        (b"[collect.anneal.schedule]\nt_maxx = 2.0\n", [], "schedule.t_maxx: Extra inputs are not"),
+        (b"[collect.guard]\ndeadline = 2\n", [], "guard.deadline: Extra inputs are not permitted"),
+        (b"[guard]\ndeadline_s = 2\n", [], "setting guard: moved to collect.guard"),
         (b"rounds = \n", [], "cannot read config"),
     ],
 )

@@ -463,7 +463,7 @@ def test_a_task_whose_verifier_raises_or_hangs_is_left_out_and_the_run_goes_on(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path, prefect_server: None
 ) -> None:
     config = tmp_path / "guard.toml"
-    config.write_text("[guard]\ndeadline_s = 2\n")
+    config.write_text("[collect.guard]\ndeadline_s = 2\n")
     db, summary = run_once(
         tmp_path,
         *["--tasks", "8", "--group-size", "2", "--eval-tasks", "4", "--model"],

@@ -10,7 +10,7 @@ import pytest
 from agents.errors import ServerUnavailable
 from agents.policy import Endpoint
 from agents.reflection import Reflection, parse_reflection, review_messages
-from agents.settings import CollectSettings
+from agents.settings import CollectSettings, RetrySettings
 from memory.records import Group, Sample
 from tests.helpers import TASK, client_for, collect_task, completion, scripted, with_attempts
 from trainer.dataset import IGNORE, build_rows
@@ -73,7 +73,8 @@ def reflecting_server(reflection_text: str, retry_answer: str) -> Callable[[dict
 
 def test_a_failed_attempt_is_reflected_on_and_retried_with_the_principle() -> None:
     handler = reflecting_server(json.dumps(REFLECTION), TASK.answer)
-    group = run(handler, CollectSettings(group_size=2, reflect_retry=True, reflection="full"))
+    retry = RetrySettings(enabled=True, reflection="full")
+    group = run(handler, CollectSettings(group_size=2, retry=retry))
     assert group.complete and len(group.first_attempts) == 2
     retries = [a for a in group.attempts if a.kind == "retry"]
     reflections = [a for a in group.attempts if a.kind == "reflection"]
@@ -99,7 +100,7 @@ def test_a_brief_reflection_asks_for_the_principle_alone_and_sees_the_feedback()
             asked.append(body)
         return reflecting_server(json.dumps(principle), TASK.answer)(body)
 
-    settings = CollectSettings(group_size=2, reflect_retry=True, reflection="brief")
+    settings = CollectSettings(group_size=2, retry=RetrySettings(enabled=True, reflection="brief"))
     group = run(handler, settings)
     retries = [a for a in group.attempts if a.kind == "retry"]
     assert len(retries) == 2 and all(
@@ -123,7 +124,7 @@ def test_invalid_or_success_reflections_lead_to_no_retry() -> None:
     ]:
         group = run(
             reflecting_server(text, TASK.answer),
-            CollectSettings(group_size=1, reflect_retry=True, reflection="full"),
+            CollectSettings(group_size=1, retry=RetrySettings(enabled=True, reflection="full")),
         )
         assert [a.kind for a in group.attempts] == ["base", "reflection"]
         assert group.attempts[1].reason.startswith(reason)
@@ -133,7 +134,7 @@ def test_a_reflection_that_states_the_answer_leads_to_no_retry() -> None:
     leaked = {"principle": f"The answer is {TASK.answer}."}
     group = run(
         reflecting_server(json.dumps(leaked), TASK.answer),
-        CollectSettings(group_size=1, reflect_retry=True, reflection="brief"),
+        CollectSettings(group_size=1, retry=RetrySettings(enabled=True, reflection="brief")),
     )
     assert [a.kind for a in group.attempts] == ["base", "reflection"]
     reflection = group.attempts[1]
@@ -150,7 +151,7 @@ def test_a_reflector_that_cannot_answer_abandons_the_group() -> None:
         return scripted(body, "<answer>999</answer>", [2])
 
     with pytest.raises(BaseExceptionGroup) as caught:
-        run(handler, CollectSettings(group_size=2, reflect_retry=True))
+        run(handler, CollectSettings(group_size=2, retry=RetrySettings(enabled=True)))
     assert caught.group_contains(ServerUnavailable)
 
 
@@ -160,7 +161,7 @@ def test_a_reflection_the_reviewer_refuses_is_recorded_and_the_group_stays_whole
             return httpx.Response(400, json={"error": {"message": "schema not supported"}})
         return scripted(body, "<answer>999</answer>", [2])
 
-    group = run(handler, CollectSettings(group_size=2, reflect_retry=True))
+    group = run(handler, CollectSettings(group_size=2, retry=RetrySettings(enabled=True)))
     assert group.complete
     failed = [a for a in group.attempts if a.kind == "reflection"]
     assert len(failed) == 2 and all(a.error for a in failed)
@@ -296,9 +297,8 @@ def sge_server(
 def run_sge(handler, group_size: int = 1, reflect: bool = False) -> Group:
     from agents.strategy import StrategySettings
 
-    settings = CollectSettings(
-        group_size=group_size, strategy=StrategySettings(reflect=reflect), max_tokens=8
-    )
+    sge = StrategySettings(enabled=True, reflect=reflect)
+    settings = CollectSettings(group_size=group_size, strategy=sge, max_tokens=8)
     return collect_task(handler, settings)
 
 
@@ -405,7 +405,7 @@ def test_a_configured_reviewer_writes_reflections_and_judgements() -> None:
 
     group = collect_task(
         policy_handler,
-        CollectSettings(group_size=2, reflect_retry=True, insights=True),
+        CollectSettings(group_size=2, retry=RetrySettings(enabled=True), insights=True),
         Endpoint(client_for(reviewer_handler), "judge-model"),
     )
     kinds = sorted(a.kind for a in group.attempts)

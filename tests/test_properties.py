@@ -65,7 +65,10 @@ values = st.recursive(
     | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )  # fmt: skip
-nested = ["train.mode", "annealing.t_max", "guard.deadline_s", "gate.min_gain", "train.nope"]
+nested = [
+    *("train.mode", "collect.anneal.schedule.t_max", "collect.guard.deadline_s", "gate.min_gain"),
+    *("train.nope", "annealing.t_max", "collect.revise.enabled"),
+]
 keys = st.sampled_from([*RunSettings.model_fields, *nested, "nope"])
 
 

@@ -16,7 +16,7 @@ from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.context import bare_messages
 from agents.policy import Endpoint, PolicyClient
 from agents.revision import as_policy_sample
-from agents.settings import CollectSettings
+from agents.settings import CollectSettings, ReviseSettings
 from flows.settings import load_run_settings
 from memory import store
 from memory.models import VerdictRow
@@ -60,13 +60,8 @@ def revise_with(
         seen["policy"].append(body)
         return scripted(body, sampled[min(len(seen["policy"]), len(sampled)) - 1], [2, 2])
 
-    settings = CollectSettings(
-        group_size=2,
-        revise=True,
-        revisions=revisions,
-        revise_partial=partial,
-        revise_blind=blind,
-    )
+    herl = ReviseSettings(enabled=True, revisions=revisions, partial=partial, blind=blind)
+    settings = CollectSettings(group_size=2, revise=herl)
     group = collect_task(policy, settings, Endpoint(client_for(reviewer), "judge-model"))
     return group, seen
 
@@ -82,7 +77,7 @@ def test_a_group_that_all_failed_is_revised_by_the_reviewer_in_the_policys_ids()
     shown = asked["messages"][-1]["content"]
     assert "999" in shown and "reward 0" in shown and TASK.answer not in shown.replace("999", "")
     assert shown.startswith("Instructions: ") and "answer tags" in shown  # the form to answer in
-    assert asked["temperature"] == CollectSettings().revise_temperature == 0.3
+    assert asked["temperature"] == CollectSettings().revise.temperature == 0.3
     # Before it, the task set's worked example as a turn of its own: how briefly to answer.
     question, solution = worked_example(TASK.taskset)
     example = [m["content"] for m in asked["messages"][1:3]]
@@ -248,9 +243,10 @@ def test_a_revision_is_token_exact_on_a_real_server(tiny_server: str, tiny_model
 
 def test_the_example_reviewer_config_turns_on_blind_revisions_of_every_failed_group() -> None:
     settings = load_run_settings(Path(__file__).parent.parent / "examples/reviewer.toml", {})
-    collect = settings.collect_settings()
-    assert collect.revise and collect.revise_blind and collect.revise_partial
-    assert collect.revisions == 4 and collect.revise_temperature == 1.0
+    herl = settings.collect.revise
+    assert herl.enabled and herl.blind and herl.partial
+    assert herl.revisions == 4 and herl.temperature == 1.0
+    assert settings.collect.temperature == 0.7 and settings.collect.guided_fraction == 0.5
     assert settings.train.revision_weight == "distill" and settings.train.mode == "rltldr"
 
 
@@ -300,7 +296,7 @@ def most_in_flight(own_reviewer: bool) -> dict[str, int]:
         return await serve("policy", body, WRONG, together=1)
 
     tasks = [TASK.model_copy(update={"task_id": f"{TASK.task_id}-{i}"}) for i in range(4)]
-    settings = CollectSettings(group_size=2, revise=True)
+    settings = CollectSettings(group_size=2, revise=ReviseSettings(enabled=True))
     policy_client = client_for(policy)
     reviewer_client = PolicyClient(
         "http://reviewer", http_client=httpx.AsyncClient(transport=httpx.MockTransport(reviewer))

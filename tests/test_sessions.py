@@ -428,7 +428,7 @@ def test_a_task_met_once_gets_siblings_from_its_last_turn_scored_as_it_was(captu
             stitch_turns(t) for s, t in session_turns(session).items() if s == mine("once")
         ]
     seen: list[dict] = []
-    settings = RunSettings(db_url=str(engine.url), source="captured", group_size=4)
+    settings = RunSettings(db_url=str(engine.url), source="captured")
     policy = Endpoint(client_for(completions_server(["5", "7"], seen)), "v1")
     assert anyio.run(siblings.grow_with, settings, policy) == 3
     assert anyio.run(siblings.grow_with, settings, policy) == 0  # once per session
@@ -465,7 +465,7 @@ def test_an_unrated_session_met_once_is_judged_with_its_siblings(capturing, monk
     with client:
         converse(client, {"X-Flywheel-Session": "alone"})  # no task tag: a task of its own
     settings = RunSettings(
-        db_url=str(engine.url), source="captured", judge=True, group_size=3,
+        db_url=str(engine.url), source="captured", judge=True, collect={"group_size": 3},
         reviewer_url="http://judge", reviewer_model="judge-model",
     )  # fmt: skip
     policy = Endpoint(client_for(completions_server(["6", "5"], [])), "v1")

@@ -11,13 +11,14 @@ from flows.settings import load_run_settings
 def test_file_then_overrides(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(
-        'rounds = 5\nreflect_retry = true\n[train]\nmode = "r3l"\nlearning_rate = 0.002\n'
+        "rounds = 5\n[collect.retry]\nenabled = true\n"
+        '[train]\nmode = "r3l"\nlearning_rate = 0.002\n'
     )
     settings = load_run_settings(config, {"rounds": 2, "train.epochs": 3})
-    assert settings.rounds == 2 and settings.reflect_retry
+    assert settings.rounds == 2 and settings.collect.retry.enabled
     assert settings.train.mode == "r3l" and settings.train.learning_rate == 0.002
     assert settings.train.epochs == 3
-    assert settings.collect_settings().reflect_retry
+    assert settings.collect.temperature == 0.7  # the run's default, under the table's setting
     assert settings.eval_settings().guided_fraction == 0.0
 
 
@@ -30,6 +31,10 @@ def test_file_then_overrides(tmp_path: Path) -> None:
         ("rounds = \n", "cannot read config"),
         ("reviewer_url = 'http://h'\n", "reviewer_url and reviewer_model go together"),
         ("replicas = ['http://h:8000']\n", "replicas serve versions as LoRA adapters"),
+        ("revise = true\n", "setting revise: moved to collect.revise.enabled"),
+        ("library = true\n", "setting library: moved to library.enabled"),
+        ("[collect.revise]\nblinded = true\n", "setting collect.revise.blinded: Extra inputs"),
+        ("[collect]\ngroup_size = 1\n", "setting collect.group_size: Input should be greater"),
     ],
 )
 def test_bad_settings_name_the_setting(tmp_path: Path, text: str, message: str) -> None:

@@ -83,8 +83,10 @@ class WorkerSettings(BaseModel):
 class Plan(Record):
     """What a worker needs to collect one item: stored on the item as JSON text, typed here.
 
-    Version 2 names the library lessons of the guided slots `sampling.lessons` (version 1:
-    `sampling.experience`) and carries the library's settings, which credit them.
+    Version 2 nests each method's sampling settings in a table of its own (`CollectSettings`),
+    names the guided slots' library lessons `sampling.lessons`, and carries the library's
+    settings, which credit them; a version 1 plan (queued by an older flywheel) is read as
+    version 2.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -100,12 +102,10 @@ class Plan(Record):
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, stored: Any) -> Any:
-        """A version 1 plan (queued by an older flywheel) read as version 2."""
-        if not isinstance(stored, dict) or stored.get("schema_version", 1) >= 2:
-            return stored
-        sampling = dict(stored.get("sampling") or {})
-        if "experience" in sampling:
-            sampling["lessons"] = sampling.pop("experience")
+        stored_v1 = isinstance(stored, dict) and "schema_version" not in stored
+        if not stored_v1 or not isinstance(stored.get("sampling"), dict):
+            return stored  # built in code, or stored by version 2 (which stores its version)
+        sampling = _sampling_v2(dict(stored.get("sampling") or {}))
         return {**stored, "sampling": sampling, "schema_version": 2}
 
     def conditioning(self) -> GroupPlan:
@@ -120,6 +120,25 @@ class Plan(Record):
     def share_key(self) -> str:
         """Items whose plans agree but for the task are collected together."""
         return self.model_dump_json(exclude={"task"})
+
+
+V1_REVISE = {"revise": "enabled", "revisions": "revisions", "revise_temperature": "temperature",
+             "revise_partial": "partial", "revise_blind": "blind"}  # fmt: skip
+V1_MOVED = {*V1_REVISE, "experience", "reflect_retry", "reflection", "annealing", "strategy"}
+
+
+def _sampling_v2(old: dict[str, Any]) -> dict[str, Any]:
+    """Version 1's flat sampling settings, nested by method as version 2 has them."""
+    new = {key: value for key, value in old.items() if key not in V1_MOVED}
+    new["lessons"] = old.get("lessons", old.get("experience", []))
+    new["revise"] = {field: old[key] for key, field in V1_REVISE.items() if key in old}
+    new["retry"] = {"enabled": old.get("reflect_retry", False)} | (
+        {"reflection": old["reflection"]} if "reflection" in old else {}
+    )
+    schedule, strategy = old.get("annealing"), old.get("strategy")
+    new["anneal"] = {"enabled": schedule is not None} | ({"schedule": schedule} if schedule else {})
+    new["strategy"] = {**(strategy or {}), "enabled": strategy is not None}
+    return new
 
 
 def new_owner() -> str:

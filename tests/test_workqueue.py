@@ -396,15 +396,23 @@ def test_a_lot_is_claimed_while_earlier_lots_wait_on_their_slowest_groups(
 
 
 def test_a_plan_queued_by_an_older_version_is_read_as_the_current_one() -> None:
-    """Version 1 named the guided slots' library lessons `sampling.experience`; a queue left
-    by it is collected with them as `lessons`, and the plan read is version 2."""
+    """Version 1 kept the sampling settings flat and named the guided slots' library lessons
+    `experience`; a queue left by it is collected with them nested by method, as version 2."""
     from verifiers.reasoning import train_tasks
     from workers import worker
 
     [task] = train_tasks("arithmetic", 1, seed=5, held_out=[])
-    old = {"task": task.model_dump(mode="json"), "sampling": {"experience": ["carry the one"]}}
+    flat = {"experience": ["carry the one"], "revise": True, "revisions": 4, "revise_blind": True,
+            "reflect_retry": True, "reflection": "full", "annealing": None,
+            "strategy": {"max_tokens": 32}, "group_size": 2}  # fmt: skip
+    old = {"task": task.model_dump(mode="json"), "sampling": flat}
     plan = worker.Plan.model_validate_json(json.dumps(old))
-    assert plan.schema_version == 2 and plan.sampling.lessons == ("carry the one",)
+    sampling = plan.sampling
+    assert plan.schema_version == 2 and sampling.lessons == ("carry the one",)
+    assert sampling.revise.enabled and sampling.revise.revisions == 4 and sampling.revise.blind
+    assert sampling.retry.enabled and sampling.retry.reflection == "full"
+    assert sampling.strategy.enabled and sampling.strategy.max_tokens == 32
+    assert not sampling.anneal.enabled and sampling.group_size == 2
     again = worker.Plan.model_validate_json(plan.model_dump_json())
     assert again == plan and again.conditioning().stored() == {
         "sampling": plan.sampling.model_dump(mode="json")

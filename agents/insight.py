@@ -1,8 +1,9 @@
-"""Insights (RLTLDR): a judge's one-sentence lesson from a failed attempt, shared with the batch.
+"""Insights (RLTLDR): the reviewer's one-sentence lesson from a failed attempt, shared with the
+batch.
 
-1. The judge runs in a fresh context: it sees the task, the attempt and the verifier's feedback
-   (never the reference answer) and returns schema-constrained JSON: summary, feedback, wrong
-   step, correction and a single-sentence insight.
+1. The reviewer writes it in a fresh context: it sees the task, the attempt and the verifier's
+   feedback (never the reference answer) and returns schema-constrained JSON: summary,
+   feedback, wrong step, correction and a single-sentence insight.
 2. `InsightBoard` is one batch's shared state: its running success rate and its newest insights
    (at most 16). An attempt is conditioned on the insights only while the batch's success rate
    is at most 50%.
@@ -79,14 +80,15 @@ class InsightBoard:
         return list(self.insights) if struggling else []
 
 
-async def judge(
+async def write_insight(
     reviewer: Endpoint,
     policy: Endpoint,
     question: str,
     attempt: Attempt,
     bare_prompt: list[int],
 ) -> Attempt:
-    """Judge `attempt`; returns an "insight" attempt (with `error` set when the call failed).
+    """The reviewer's insight on `attempt`, as an "insight" attempt (with `error` set when the
+    call failed).
 
     The insight's ids come from the policy's server: they are trained on the policy.
     """
@@ -158,7 +160,7 @@ async def sequential_attempts(
         if bare_ids is None:
             continue
         async with limiter:
-            insight = await judge(reviewer, policy, task.question, attempt, bare_ids)
+            insight = await write_insight(reviewer, policy, task.question, attempt, bare_ids)
         judged.append(insight)
         if insight.guidance:
             board.add(insight.guidance)

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
         settings = GatewaySettings(
             upstreams=[server_settings.url],
             base_model_path=model,
-            checkpoint_root=scratch / "adapters",
+            adapters_root=scratch / "adapters",
             capture=capture,
         )
         return running(create_app(settings, engine), port=free_port())

@@ -361,7 +361,7 @@ def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
 
     def run_round() -> RoundResult:
         return train_round(
-            groups, base_model=model_path, parent_adapter=None, checkpoint_root=workdir,
+            groups, base_model=model_path, parent_adapter=None, adapters_root=workdir,
             name="policy-r1", settings=settings,
         )  # fmt: skip
 

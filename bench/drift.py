@@ -55,7 +55,7 @@ def main() -> None:
                 groups,
                 base_model=model,
                 parent_adapter=Path(parent.adapter_path) if parent.adapter_path else None,
-                checkpoint_root=Path(scratch),
+                adapters_root=Path(scratch),
                 name="drift",
                 settings=settings,
             )

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
     gateway_settings = GatewaySettings(
         upstreams=[server_settings.url],
         base_model_path=model_path,
-        checkpoint_root=root,
+        adapters_root=root,
         admin_keys=frozenset({"bench-admin"}),
         keep_versions=3,
     )

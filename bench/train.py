@@ -110,7 +110,7 @@ def measure(args: argparse.Namespace) -> dict:
                 groups,
                 base_model=model_path,
                 parent_adapter=None,
-                checkpoint_root=Path(scratch),
+                adapters_root=Path(scratch),
                 name="bench",
                 settings=settings,
             )

@@ -120,7 +120,7 @@ def measure(args: argparse.Namespace) -> dict[str, float | int | str]:
     started = time.monotonic()
     result = train_round(
         groups(args.rows, args.tokens), base_model=base, parent_adapter=None,
-        checkpoint_root=work / "adapters", name="gpu", settings=settings,
+        adapters_root=work / "adapters", name="gpu", settings=settings,
     )  # fmt: skip
     return {
         "device": torch.cuda.get_device_name(0),

@@ -69,7 +69,7 @@ def gateway(args: argparse.Namespace) -> int:
     settings = GatewaySettings(
         upstreams=[u.rstrip("/") for u in args.upstream],
         base_model_path=model_folder(args.model, args.models),
-        checkpoint_root=args.workdir / "adapters",
+        adapters_root=args.workdir / "adapters",
         alias=args.alias,
         user_keys=keys("FLYWHEEL_API_KEYS"),
         admin_keys=admin_keys,

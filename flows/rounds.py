@@ -189,7 +189,7 @@ async def train_stage(
         await swap(ctx.settings, ctx.server_url, version)
     with clock.stage("evaluate", seconds):
         figures, cards = await _evaluate(ctx, version, groups)
-    promoted = _judge(ctx, record, name, trained, cards)
+    promoted = _decide(ctx, record, name, trained, cards)
     if ctx.settings.weights == "merged":
         if not promoted:  # the promoted version serves again, not the refused candidate
             with clock.stage("swap", seconds):
@@ -370,7 +370,7 @@ async def _evaluate(
     return figures, cards
 
 
-def _judge(
+def _decide(
     ctx: RoundContext,
     record: TrainingRound,
     name: str,

@@ -157,7 +157,7 @@ class RunSettings(BaseModel):
         return self
 
     @property
-    def checkpoint_root(self) -> Path:
+    def adapters_root(self) -> Path:
         return self.workdir / "adapters"
 
     @property

@@ -261,7 +261,7 @@ def _train_round(
             groups=groups,
             base_model=base_model,
             parent_adapter=parent_path,
-            checkpoint_root=settings.checkpoint_root,
+            adapters_root=settings.adapters_root,
             name=name,
             settings=settings.train,
         )

@@ -40,7 +40,7 @@ class GatewaySettings(BaseModel):
 
     upstreams: list[str] = Field(min_length=1)
     base_model_path: Path
-    checkpoint_root: Path
+    adapters_root: Path
     alias: str = promotion.DEFAULT_ALIAS
     user_keys: frozenset[str] = frozenset()
     admin_keys: frozenset[str] = frozenset()
@@ -229,7 +229,7 @@ class Router:
         served keeps its folder (weights the gate never saw never take a promoted name)."""
         resolved = adapters.validate_adapter(
             path,
-            root=self.settings.checkpoint_root,
+            root=self.settings.adapters_root,
             max_rank=self.settings.max_lora_rank,
             base_modules=self.base_modules,
         )

@@ -50,7 +50,7 @@ def main() -> None:
     json.dump = counted(json.dump)
     groups = [make_group([1.0, 0.0, 0.0, 1.0], task_id=f"t{i}", completion_len=6) for i in range(3)]
     result = training.train_round(
-        groups, base_model=Path(model), parent_adapter=None, checkpoint_root=Path(root),
+        groups, base_model=Path(model), parent_adapter=None, adapters_root=Path(root),
         name=name, settings=SETTINGS,
     )  # fmt: skip
     print(json.dumps({"resumed_from_step": result.resumed_from_step, "writes": writes[0]}))

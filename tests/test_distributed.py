@@ -22,7 +22,7 @@ def train(model: Path, root: Path, name: str, processes: int, parent: Path | Non
     settings = SETTINGS.model_copy(update={"processes": processes})
     return distributed.train(
         distributed.RoundRequest(
-            groups=groups(), base_model=model, parent_adapter=parent, checkpoint_root=root,
+            groups=groups(), base_model=model, parent_adapter=parent, adapters_root=root,
             name=name, settings=settings,
         )
     )  # fmt: skip

@@ -72,7 +72,7 @@ def test_sampled_tokens_train_an_adapter_that_vllm_serves(
         graded,
         base_model=tiny_model_path,
         parent_adapter=None,
-        checkpoint_root=tmp_path,
+        adapters_root=tmp_path,
         name="policy-r1-test",
         settings=TrainSettings(epochs=1, batch_size=4, mode="grpo"),
     )

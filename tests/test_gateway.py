@@ -41,7 +41,7 @@ def gateway(tiny_model_path: Path, tmp_path: Path):
     settings = GatewaySettings(
         upstreams=["http://up-1", "http://up-2"],
         base_model_path=tiny_model_path,
-        checkpoint_root=tmp_path / "adapters",
+        adapters_root=tmp_path / "adapters",
         user_keys=frozenset({"user-key"}),
         admin_keys=frozenset({"admin-key"}),
     )
@@ -197,7 +197,7 @@ def test_capture_records_trajectories_streamed_or_not_and_feedback(
     settings = GatewaySettings(
         upstreams=["http://up"],
         base_model_path=tiny_model_path,
-        checkpoint_root=tmp_path,
+        adapters_root=tmp_path,
         capture=True,
         user_keys=frozenset({"user-key"}),
     )
@@ -312,7 +312,7 @@ def flaky(tiny_model_path: Path, tmp_path: Path):
     settings = GatewaySettings(
         upstreams=["http://up-1", "http://up-2"],
         base_model_path=tiny_model_path,
-        checkpoint_root=tmp_path / "adapters",
+        adapters_root=tmp_path / "adapters",
         admin_keys=frozenset({"admin-key"}),
         sync_interval_s=0.05,
     )
@@ -442,7 +442,7 @@ def test_bodies_and_rates_are_limited_per_key(tiny_model_path: Path, tmp_path: P
 
     settings = GatewaySettings(
         upstreams=["http://up-1"], base_model_path=tiny_model_path,
-        checkpoint_root=tmp_path / "adapters", user_keys=frozenset({"user-key", "other-key"}),
+        adapters_root=tmp_path / "adapters", user_keys=frozenset({"user-key", "other-key"}),
         limits=RequestLimits(max_body_bytes=2_000, rate_per_s=0.5, burst=3),
     )  # fmt: skip
     app = create_app(settings, engine, transport=httpx.MockTransport(upstream))

@@ -50,7 +50,7 @@ def keyed_settings(upstreams: list[str], model: Path, root: Path) -> GatewaySett
     return GatewaySettings(
         upstreams=upstreams,
         base_model_path=model,
-        checkpoint_root=root,
+        adapters_root=root,
         user_keys=frozenset({"user-key"}),
         admin_keys=frozenset({"admin-key"}),
     )
@@ -202,7 +202,7 @@ def test_old_versions_are_unloaded_beyond_the_limit(
             groups,
             base_model=tiny_model_path,
             parent_adapter=None,
-            checkpoint_root=root,
+            adapters_root=root,
             name="evict-1",
             settings=TrainSettings(epochs=1, mode="grpo"),
         ).adapter_path
@@ -214,7 +214,7 @@ def test_old_versions_are_unloaded_beyond_the_limit(
     settings = GatewaySettings(
         upstreams=[tiny_server],
         base_model_path=tiny_model_path,
-        checkpoint_root=root,
+        adapters_root=root,
         admin_keys=frozenset({"admin-key"}),
         keep_versions=3,
     )

@@ -105,7 +105,7 @@ def gateway(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
 
     settings_ = GatewaySettings(
         upstreams=["http://up-1"], base_model_path=tiny_model_path,
-        checkpoint_root=folder / "adapters", user_keys=frozenset({"u"}),
+        adapters_root=folder / "adapters", user_keys=frozenset({"u"}),
         admin_keys=frozenset({"a"}), capture=True, taskset="arithmetic",
     )  # fmt: skip
     app = create_app(settings_, engine, transport=httpx.MockTransport(upstream))

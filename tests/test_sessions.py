@@ -80,7 +80,7 @@ def capturing(tiny_model_path: Path, tmp_path: Path):
         settings = GatewaySettings(
             upstreams=["http://up"],
             base_model_path=tiny_model_path,
-            checkpoint_root=tmp_path,
+            adapters_root=tmp_path,
             capture=True,
             user_keys=frozenset({"user-key", "private-key", "other-key"}),
             uncaptured_keys=frozenset({"private-key"}),
@@ -362,7 +362,7 @@ def test_a_session_belongs_to_the_key_that_opened_it(capturing) -> None:
 def test_capture_without_keys_is_refused(tiny_model_path: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="capture records training data, so it needs API keys"):
         GatewaySettings(
-            upstreams=["http://up"], base_model_path=tiny_model_path, checkpoint_root=tmp_path,
+            upstreams=["http://up"], base_model_path=tiny_model_path, adapters_root=tmp_path,
             capture=True,
         )  # fmt: skip
 

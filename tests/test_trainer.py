@@ -23,7 +23,7 @@ def test_round_publishes_a_complete_adapter(tiny_model_path: Path, tmp_path: Pat
         groups(),
         base_model=tiny_model_path,
         parent_adapter=None,
-        checkpoint_root=tmp_path,
+        adapters_root=tmp_path,
         name="policy-r1",
         settings=FAST,
     )
@@ -38,7 +38,7 @@ def test_round_publishes_a_complete_adapter(tiny_model_path: Path, tmp_path: Pat
         groups(),
         base_model=tiny_model_path,
         parent_adapter=adapter,
-        checkpoint_root=tmp_path,
+        adapters_root=tmp_path,
         name="policy-r2",
         settings=FAST,
     )
@@ -53,7 +53,7 @@ def test_a_round_saved_onto_a_full_disk_fails_and_publishes_nothing(
     root = small_disk(48)  # room for the trainer's work, not for the adapter as well
     with pytest.raises(OSError) as caught:
         train_round(groups(), base_model=tiny_model_path, parent_adapter=None,
-                    checkpoint_root=root, name="policy-r1", settings=FAST)  # fmt: skip
+                    adapters_root=root, name="policy-r1", settings=FAST)  # fmt: skip
     assert caught.value.errno == errno.ENOSPC
     assert not folders.is_complete(root / "policy-r1") and not (root / "policy-r1").exists()
 
@@ -65,7 +65,7 @@ def test_round_without_signal_fails_loudly(tiny_model_path: Path, tmp_path: Path
             flat,
             base_model=tiny_model_path,
             parent_adapter=None,
-            checkpoint_root=tmp_path,
+            adapters_root=tmp_path,
             name="p",
             settings=FAST,
         )
@@ -87,7 +87,7 @@ def test_a_group_that_all_failed_learns_from_its_verified_revision(
         [failed.model_copy(update={"attempts": [*failed.attempts, revision]})],
         base_model=tiny_model_path,
         parent_adapter=None,
-        checkpoint_root=tmp_path,
+        adapters_root=tmp_path,
         name="policy-r1",
         settings=FAST,
     )
@@ -105,7 +105,7 @@ def test_incomplete_parent_checkpoint_is_refused(tiny_model_path: Path, tmp_path
             groups(),
             base_model=tiny_model_path,
             parent_adapter=half_written,
-            checkpoint_root=tmp_path,
+            adapters_root=tmp_path,
             name="p",
             settings=FAST,
         )
@@ -139,7 +139,7 @@ def test_a_killed_round_resumes_from_its_last_save(
             groups(),
             base_model=tiny_model_path,
             parent_adapter=None,
-            checkpoint_root=tmp_path,
+            adapters_root=tmp_path,
             name="policy-r1",
             settings=settings,
         )
@@ -178,7 +178,7 @@ def test_training_raises_the_likelihood_of_rewarded_completions(
         batch,
         base_model=tiny_model_path,
         parent_adapter=None,
-        checkpoint_root=tmp_path,
+        adapters_root=tmp_path,
         name="p",
         settings=settings,
     )

@@ -45,14 +45,14 @@ class RoundRequest(BaseModel):
     groups: list[Group]
     base_model: Path
     parent_adapter: Path | None
-    checkpoint_root: Path
+    adapters_root: Path
     name: str
     settings: TrainSettings
 
 
 def train(request: RoundRequest) -> RoundResult:
     """`train_round` in this process, or across `settings.processes` processes."""
-    processes, root = request.settings.processes, request.checkpoint_root
+    processes, root = request.settings.processes, request.adapters_root
     if processes == 1:
         return run(request)
     root.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def run(request: RoundRequest) -> RoundResult:
         request.groups,
         base_model=request.base_model,
         parent_adapter=request.parent_adapter,
-        checkpoint_root=request.checkpoint_root,
+        adapters_root=request.adapters_root,
         name=request.name,
         settings=request.settings,
     )

@@ -11,7 +11,7 @@
 3. A new round continues from its parent's adapter when there is one, otherwise starts LoRA on
    the base model. The adapter is published atomically; a LoRA that binds no module, or whose
    weights did not move, fails the round loudly.
-4. Trainer state is saved every `save_steps` under `checkpoint_root/.rounds/<name>`; a round
+4. Trainer state is saved every `save_steps` under `adapters_root/.rounds/<name>`; a round
    started again under the same name resumes from the last save, on the same rows.
 5. Under torchrun (`trainer.distributed`) every process builds the same rows and the trainer
    splits each batch across them; the main process alone publishes.
@@ -138,11 +138,11 @@ def train_round(
     *,
     base_model: Path,
     parent_adapter: Path | None,
-    checkpoint_root: Path,
+    adapters_root: Path,
     name: str,
     settings: TrainSettings,
 ) -> RoundResult:
-    """Train on `groups` and publish the adapter as `checkpoint_root/name`.
+    """Train on `groups` and publish the adapter as `adapters_root/name`.
 
     Started again with the same name after a crash, it resumes from the last saved step.
     """
@@ -150,13 +150,13 @@ def train_round(
     rows = build_rows(groups, settings)
     if not rows:
         raise TrainerError("no trainable rows: every group lacked reward variance")
-    published = checkpoint_root / name
+    published = adapters_root / name
     if folders.is_complete(published):
         log.info("round %s was already published; not training again", name)
         return _result(published, rows, [], 0.0, started, resumed_from_step=-1)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     model = _load_policy(base_model, parent_adapter, settings)
-    work = checkpoint_root / ".rounds" / name
+    work = adapters_root / ".rounds" / name
     resume = _last_save(work)
     trainer = PolicyGradientTrainer(
         model=model,
@@ -182,7 +182,7 @@ def train_round(
     shape = {"steps": trainer.state.global_step, "processes": trainer.args.world_size}
     if not trainer.is_world_process_zero():  # another process of a distributed round
         return _result(published, rows, [], 0.0, started, step).model_copy(update=shape)
-    staging = folders.staging_dir(checkpoint_root, name)
+    staging = folders.staging_dir(adapters_root, name)
     trained: Any = trainer.model  # a PeftModel; transformers types it as any module
     try:
         with disk_errors(staging):
@@ -190,7 +190,7 @@ def train_round(
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # a torn save is never left to look whole
         raise
-    path = folders.publish(staging, checkpoint_root, name)
+    path = folders.publish(staging, adapters_root, name)
     shutil.rmtree(work, ignore_errors=True)
     history = trainer.state.log_history
     losses = [entry["loss"] for entry in history if "loss" in entry]

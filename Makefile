@@ -43,7 +43,7 @@ model: setup
 
 # The results page, bench/README.md, from bench/results/*.json (a test checks it is current).
 results: $(VENV)/.installed
-	$(VENV)/bin/python bench/results.py
+	$(VENV)/bin/python -m bench.results
 
 # Ruff everywhere; mypy --strict on every package (pyproject.toml).
 lint: $(VENV)/.installed

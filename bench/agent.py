@@ -2,7 +2,7 @@
 through the gateway of `flywheel serve --source captured`, on SmolLM2 with LoRA, for a few
 minutes of its own traffic.
 
-    .venv/bin/python bench/agent.py [--minutes 20] [--route evaluation|sessions]
+    .venv/bin/python -m bench.agent [--minutes 20] [--route evaluation|sessions]
         [--held-out 32] [--concurrency 4] [--tool-choice required|auto] [--json PATH]
 
 1. Before: the agent on `--held-out` held-out sums (`examples.agent.held_out`, past the 16 its
@@ -37,17 +37,23 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import FLYWHEEL, Figure, checkout_env, provenance, stop_serve, write_results  # noqa: E402
-from bench.serving import free_port, server_settings_for  # noqa: E402
-from examples.agent import converse, correct, held_out, tasks  # noqa: E402
-from memory import store  # noqa: E402
-from reports.intervals import paired_difference, wilson  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import VllmServer  # noqa: E402
+from bench.common import (
+    FLYWHEEL,
+    ROOT,
+    Figure,
+    checkout_env,
+    free_port,
+    provenance,
+    server_settings,
+    stop_serve,
+    write_results,
+)
+from examples.agent import converse, correct, held_out, tasks
+from memory import store
+from reports.intervals import paired_difference, wilson
+from reports.table import text_table
+from serving.model import prepare_smollm2
+from serving.server import VllmServer
 
 SERVER_KEY, USER_KEY = "bench-server-key", "bench-user-key"
 
@@ -94,7 +100,7 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     model = prepare_smollm2(ROOT / ".flywheel" / "models")
-    settings = server_settings_for(model, scratch, weights="lora", api_key=SERVER_KEY)
+    settings = server_settings(model, scratch / "vllm.log", weights="lora", api_key=SERVER_KEY)
     started = time.monotonic()
     with VllmServer(settings) as server:
         direct = OpenAI(base_url=f"{server.url}/v1", api_key=SERVER_KEY)

@@ -14,7 +14,7 @@ parser) and two gateways in front of it, one capturing and one not, then:
     serves), two agent sessions of one task with feedback, and the seconds from the last
     feedback to the alias answering with the new version.
 
-    .venv/bin/python bench/capture.py [--requests 48] [--passes 2] [--sessions 16]
+    .venv/bin/python -m bench.capture [--requests 48] [--passes 2] [--sessions 16]
         [--model smollm2|FOLDER] [--loop] [--json PATH]
 
 (a) reports the best pass of each gateway against the other, and the median of the paired
@@ -37,25 +37,26 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import (  # noqa: E402
+from bench.common import (
     FLYWHEEL,
+    ROOT,
     Figure,
     checkout_env,
+    free_port,
     provenance,
-    stop_serve,  # noqa: E402
+    server_settings,
+    stop_serve,
     write_results,
 )
-from bench.serving import free_port, seed_store, server_settings_for  # noqa: E402
-from examples.agent import ADD, solve  # noqa: E402
-from memory import store  # noqa: E402
-from memory.records import Attempt  # noqa: E402
-from memory.sessions import episodes, session_turns  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
-from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import VllmServer  # noqa: E402
+from bench.serving import seed_store
+from examples.agent import ADD, solve
+from memory import store
+from memory.records import Attempt
+from memory.sessions import episodes, session_turns
+from reports.table import text_table
+from serving.gateway import GatewaySettings, create_app, running
+from serving.model import prepare_smollm2
+from serving.server import VllmServer
 
 PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
 CHATS = [
@@ -121,20 +122,20 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 
 def run(args: argparse.Namespace, model: Path, scratch: Path) -> dict[str, Any]:
-    server_settings = server_settings_for(model, scratch, weights="fixed")
+    upstream = server_settings(model, scratch / "vllm.log", weights="fixed")
     engine = store.open_store(f"sqlite:///{scratch / 'capture.db'}")
     seed_store(engine, model.name)
 
     def gateway(capture: bool) -> Any:
         settings = GatewaySettings(
-            upstreams=[server_settings.url],
+            upstreams=[upstream.url],
             base_model_path=model,
             adapters_root=scratch / "adapters",
             capture=capture,
         )
         return running(create_app(settings, engine), port=free_port())
 
-    with VllmServer(server_settings) as server, gateway(True) as on, gateway(False) as off:
+    with VllmServer(upstream) as server, gateway(True) as on, gateway(False) as off:
         speeds = passes(on, off, args)
         started = time.monotonic()
         kinds = conversations(on, args.sessions, args.tool_choice)
@@ -172,7 +173,7 @@ def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
     """Seconds from the last feedback of a task's episodes to the alias answering with the
     version trained on them, through `flywheel serve --source captured`."""
     scratch.mkdir(parents=True)
-    settings = server_settings_for(model, scratch, weights="lora")
+    settings = server_settings(model, scratch / "vllm.log", weights="lora")
     db = f"sqlite:///{scratch / 'loop.db'}"
     config = scratch / "open-gate.toml"
     config.write_text("[gate]\nmin_gain = -1.0\n")

@@ -8,8 +8,8 @@ engine stopped while the API still answers (the stall watch catches it), bursts 
 connection resets (through `bench/faults.py`), a worker killed while holding claims, the trainer
 killed in the middle of a save (torn state and weights), and an adapter load whose answer is lost.
 
-    .venv/bin/python bench/chaos.py [--tasks 32] [--group-size 4] [--runs 3] [--json PATH]
-    .venv/bin/python bench/chaos.py --soak 30 [--json PATH]
+    .venv/bin/python -m bench.chaos [--tasks 32] [--group-size 4] [--runs 3] [--json PATH]
+    .venv/bin/python -m bench.chaos --soak 30 [--json PATH]
 
 `--soak MINUTES` runs one collection worker for that long through a proxy that answers 3% of
 requests with a 503, resets 3% and stalls 1%, batch after batch (a new round each), and samples
@@ -41,21 +41,17 @@ import httpx
 from pydantic import BaseModel
 from sqlalchemy import Engine, func, select
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from agents.settings import CollectSettings
+from agents.watchdog import WatchdogSettings
+from bench.common import ROOT, Figure, provenance, server_settings, write_results
+from bench.faults import FaultProxy, Faults
+from memory import store, workqueue
+from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow
+from memory.records import Batch
+from serving.server import VllmServer
+from verifiers.reasoning import train_tasks
+from workers import worker
 
-from agents.settings import CollectSettings  # noqa: E402
-from agents.watchdog import WatchdogSettings  # noqa: E402
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from bench.faults import FaultProxy, Faults  # noqa: E402
-from memory import store, workqueue  # noqa: E402
-from memory.models import AttemptRow, RolloutGroupRow, WorkItemRow  # noqa: E402
-from memory.records import Batch  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
-from verifiers.reasoning import train_tasks  # noqa: E402
-from workers import worker  # noqa: E402
-
-SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"
 STRUCK_TOKENS = 512  # rollouts a fault strikes in the middle of: long enough on a fast machine
 
 
@@ -213,14 +209,7 @@ def worker_settings(**overrides: object) -> worker.WorkerSettings:
 
 @contextmanager
 def supervised_server(model_path: Path, log_path: Path, port: int) -> Iterator[VllmServer]:
-    settings = ServerSettings(
-        python=SERVER_PYTHON,
-        model_path=model_path,
-        served_name=model_path.name,
-        port=port,
-        probe_timeout_s=10.0,
-        log_path=log_path,
-    )
+    settings = server_settings(model_path, log_path, port=port, probe_timeout_s=10.0)
     with VllmServer(settings) as server, server.supervised(interval_s=2.0):
         yield server
 

@@ -3,7 +3,7 @@
 `write_results(path, payload, made, figures)` writes the JSON atomically with the provenance every
 figure needs (the command that produced it, the commit it ran, the date it started, the machine:
 CPU model, cores, the serving dtype) and its headline `Figure`s, each with its n and 95% interval:
-`python bench/results.py` builds the results page from those alone. Take `provenance()` when the
+`python -m bench.results` builds the results page from those alone. Take `provenance()` when the
 run starts: the commit at the end may be another.
 """
 
@@ -15,19 +15,22 @@ import math
 import os
 import platform
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from reports.intervals import mean_interval, wilson
+
+if TYPE_CHECKING:
+    from serving.server import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from reports.intervals import mean_interval, wilson  # noqa: E402
-
+SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"  # the model server's environment
 # The flywheel command of this checkout: a benchmark may run from a copy of the tree (a git
 # worktree) while the environment's editable install points at another.
 FLYWHEEL = [sys.executable, "-m", "cli"]
@@ -89,7 +92,8 @@ class Figure:
 
 def provenance() -> dict[str, Any]:
     """The command line, commit, UTC date and machine of this run."""
-    command = shlex.join([".venv/bin/python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    module = f"bench.{Path(sys.argv[0]).stem}"
+    command = shlex.join([".venv/bin/python", "-m", module, *sys.argv[1:]])
     return {
         "command": command,
         "commit": _git("rev-parse", "--short", "HEAD"),
@@ -160,3 +164,20 @@ def stop_serve(process: subprocess.Popen[bytes], workdir: Path) -> None:
 def _git(*args: str) -> str:
     done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_settings(model_path: Path, log_path: Path, **options: Any) -> ServerSettings:
+    """A vLLM server of `model_path` from the serving environment, serving it under its folder's
+    name on a free port (unless `options` name one), logging to `log_path`; `options`: more
+    `ServerSettings`."""
+    from serving.server import ServerSettings
+
+    options.setdefault("port", free_port())
+    return ServerSettings(python=SERVER_PYTHON, model_path=model_path,
+                          served_name=model_path.name, log_path=log_path, **options)  # fmt: skip

@@ -2,14 +2,14 @@
 
 A run promotes a version for its pass@1 on the run's held-out tasks, so the score of the
 version it ends with is biased upward: that version won a selection on those very tasks. This
-benchmark evaluates the final version of each kept run (`bench/learn.py --keep DIR` leaves one
-folder per arm) on the next held-out tasks: after the run's first `--skip` (its
+benchmark evaluates the final version of each kept run (`python -m bench.learn --keep DIR`
+leaves one folder per arm) on the next held-out tasks: after the run's first `--skip` (its
 `--eval-tasks`), leaving out any task whose question one of the runs trained on. Greedy and
 with nothing in context, like the run's own evaluation; each version on a server of its own
 (its merged weights). Arms are paired with the first on the same tasks; several runs of one
 arm are compared over runs by `bench/replicates.py`.
 
-    .venv/bin/python bench/confirm.py --arm DIR [--arm DIR ...] [--skip 128] [--tasks 256]
+    .venv/bin/python -m bench.confirm --arm DIR [--arm DIR ...] [--skip 128] [--tasks 256]
         [--json PATH]
 """
 
@@ -25,20 +25,18 @@ from typing import Any
 
 import anyio
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from bench.learn import final_version, paired  # noqa: E402
-from bench.smollm2_server import fixed_server  # noqa: E402
-from flows.settings import RunSettings  # noqa: E402
-from memory import store, workqueue  # noqa: E402
-from memory.records import Batch  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.server import VllmServer  # noqa: E402
-from trainer.merge import merge_version  # noqa: E402
-from verifiers.catalog import eval_tasks  # noqa: E402
-from verifiers.task import Task  # noqa: E402
-from workers import worker  # noqa: E402
+from bench.common import Figure, provenance, write_results
+from bench.learn import final_version, paired
+from bench.smollm2_server import fixed_server
+from flows.settings import RunSettings
+from memory import store, workqueue
+from memory.records import Batch
+from reports.table import text_table
+from serving.server import VllmServer
+from trainer.merge import merge_version
+from verifiers.catalog import eval_tasks
+from verifiers.task import Task
+from workers import worker
 
 
 def main() -> None:

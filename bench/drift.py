@@ -6,7 +6,7 @@ again with each variant of the settings (nothing is published), and reports the 
 sampling policy over the first and last tenth of the steps (k3 estimator on the sampled tokens of
 importance-weighted rows) and the share of those tokens past PPO's trust region (0.2).
 
-    .venv/bin/python bench/drift.py --db sqlite:///RUN/flywheel.db --round 1
+    .venv/bin/python -m bench.drift --db sqlite:///RUN/flywheel.db --round 1
         [--variants '[{}, {"clip": 0.2}, {"learning_rate": 0.0003}]'] [--json PATH]
 """
 
@@ -19,14 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory import store  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.model import prepare_smollm2  # noqa: E402
-from trainer.round import train_round  # noqa: E402
-from trainer.settings import TrainSettings  # noqa: E402
+from bench.common import ROOT, Figure, provenance, write_results
+from memory import store
+from reports.table import text_table
+from serving.model import prepare_smollm2
+from trainer.round import train_round
+from trainer.settings import TrainSettings
 
 VARIANTS = '[{}, {"clip": 0.2}, {"learning_rate": 0.0003}, {"learning_rate": 0.0003, "clip": 0.2}]'
 

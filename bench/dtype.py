@@ -7,7 +7,7 @@ server samples the same prompts (64 at a time, temperature 1.0, so the reported 
 are the sampling distribution's), the trainer's float32 model scores the same tokens, and we
 report the drift of the per-token ratio and the sampling speed:
 
-    .venv/bin/python bench/dtype.py [--requests 64] [--json PATH]
+    .venv/bin/python -m bench.dtype [--requests 64] [--json PATH]
 
 A dtype is fit for the policy when its ratios stay near 1 (median |log ratio| well under the
 noise the IS cap tolerates, few tokens past the cap); the speed is what it buys.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,15 +26,13 @@ from typing import Any
 import anyio
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from agents.policy import PolicyClient  # noqa: E402
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory.records import Sample, SamplingSettings  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.model import prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, VllmServer, cpu_dtype  # noqa: E402
-from verifiers.reasoning import train_tasks  # noqa: E402
+from agents.policy import PolicyClient
+from bench.common import ROOT, Figure, provenance, server_settings, write_results
+from memory.records import Sample, SamplingSettings
+from reports.table import text_table
+from serving.model import prepare_smollm2
+from serving.server import VllmServer, cpu_dtype
+from verifiers.reasoning import train_tasks
 
 DTYPES = ("float32", "bfloat16")
 IS_CAP = 2.0
@@ -82,14 +79,8 @@ def figures(result: dict[str, Any]) -> list[Figure]:
 def sample_all(
     model: Path, dtype: str, args: argparse.Namespace, work: Path
 ) -> tuple[list[Sample], float]:
-    settings = ServerSettings(
-        python=ROOT / ".venv-serving" / "bin" / "python",
-        model_path=model,
-        served_name=model.name,
-        port=args.port,
-        weights="fixed",
-        dtype=dtype,
-        log_path=work / f"vllm-{dtype}.log",
+    settings = server_settings(
+        model, work / f"vllm-{dtype}.log", port=args.port, weights="fixed", dtype=dtype
     )
     tasks = train_tasks("arithmetic", args.requests, seed=3, held_out=[])
     sampling = SamplingSettings(temperature=1.0, max_tokens=args.max_tokens)

@@ -19,7 +19,7 @@ solved, where none of the method's own bare attempts did. A revision is a succes
 written by the reviewer: its tokens are priced as the reviewer's.
 Real SmolLM2 on the CPU vLLM server.
 
-    .venv/bin/python bench/explore.py [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
+    .venv/bin/python -m bench.explore [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
         [--reviewer-cost C] [--methods plain,r3l,...] [--plain-from JSON] [--server-url URL]
         [--json PATH]
 """
@@ -38,25 +38,23 @@ from typing import Any
 
 import anyio
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from agents.collector import GroupSpec, collect_group  # noqa: E402
-from agents.insight import InsightBoard  # noqa: E402
-from agents.policy import Endpoint, PolicyClient  # noqa: E402
-from agents.settings import (  # noqa: E402
+from agents.collector import GroupSpec, collect_group
+from agents.insight import InsightBoard
+from agents.policy import Endpoint, PolicyClient
+from agents.settings import (
     AnnealSettings,
     CollectSettings,
     RetrySettings,
     ReviseSettings,
 )
-from agents.strategy import StrategySettings  # noqa: E402
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from bench.smollm2_server import policy_and_reviewer  # noqa: E402
-from memory.records import FIRST_KINDS, VERIFIED_KINDS, Attempt, Group  # noqa: E402
-from reports.intervals import paired_difference, wilson  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from verifiers.catalog import train_tasks  # noqa: E402
-from verifiers.task import Task  # noqa: E402
+from agents.strategy import StrategySettings
+from bench.common import ROOT, Figure, provenance, write_results
+from bench.smollm2_server import policy_and_reviewer
+from memory.records import FIRST_KINDS, VERIFIED_KINDS, Attempt, Group
+from reports.intervals import paired_difference, wilson
+from reports.table import text_table
+from verifiers.catalog import train_tasks
+from verifiers.task import Task
 
 R3L, HERL = RetrySettings(enabled=True), ReviseSettings(enabled=True)
 SGE = StrategySettings(enabled=True)
@@ -169,7 +167,7 @@ def stored_plain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> d
 def measured_cost(parser: argparse.ArgumentParser) -> float:
     measured = ROOT / "bench" / "results" / "reviewer.json"
     if not measured.is_file():
-        parser.error("give --reviewer-cost, or run bench/reviewer.py --json " + str(measured))
+        parser.error(f"give --reviewer-cost, or run python -m bench.reviewer --json {measured}")
     return float(json.loads(measured.read_text())["reviewer_token_cost"])
 
 

@@ -36,7 +36,7 @@ end, paired on the same held-out tasks (each arm against the first, with a 95% i
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
-    .venv/bin/python bench/learn.py [--arms grpo,r3l] [--rounds 3] [--minutes M]
+    .venv/bin/python -m bench.learn [--arms grpo,r3l] [--rounds 3] [--minutes M]
         [--reviewer NAME] [--keep DIR] [--json P] [--png P]
 """
 
@@ -55,15 +55,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
-from bench.smollm2_server import MODELS, smollm2_server  # noqa: E402
-from memory import store  # noqa: E402
-from reports.intervals import error_bars, paired_difference  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
+from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results
+from bench.smollm2_server import MODELS, smollm2_server
+from memory import store
+from reports.intervals import error_bars, paired_difference
+from reports.table import text_table
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
 
 # Arms as settings by their dotted keys (a TOML file of dotted keys each).
 UNGUIDED: dict[str, Any] = {"collect.guided_fraction": 0.0, "train.mode": "grpo"}

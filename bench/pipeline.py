@@ -14,7 +14,7 @@ fresh SQLite store each time).
 Reported: seconds from the batch entering the queue to its last group stored, tasks/s, and
 the speed-up.
 
-    .venv/bin/python bench/pipeline.py [--tasks 64] [--group-size 4] [--server-url URL]
+    .venv/bin/python -m bench.pipeline [--tasks 64] [--group-size 4] [--server-url URL]
         [--workers] [--json P]
 """
 
@@ -35,22 +35,20 @@ from typing import Any
 
 import anyio
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
+from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from smollm2_server import smollm2_server  # noqa: E402
+from smollm2_server import smollm2_server
 
-from agents.context import bare_messages  # noqa: E402
-from agents.policy import PolicyClient  # noqa: E402
-from agents.settings import CollectSettings  # noqa: E402
-from flows.settings import RunSettings  # noqa: E402
-from memory.records import Batch, SamplingSettings  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.server import split_cores  # noqa: E402
-from verifiers.catalog import train_tasks  # noqa: E402
+from agents.context import bare_messages
+from agents.policy import PolicyClient
+from agents.settings import CollectSettings
+from flows.settings import RunSettings
+from memory.records import Batch, SamplingSettings
+from reports.table import text_table
+from serving.server import split_cores
+from verifiers.catalog import train_tasks
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ arm's runs with their mean and spread, and each arm against the baseline: the di
 the means with Welch's 95% interval over runs (the runs are the units), and the interval over
 tasks with the runs held fixed (which leaves out the run-to-run spread and is narrower).
 
-    .venv/bin/python bench/replicates.py RESULT.json [RESULT.json ...] [--baseline ARM]
+    .venv/bin/python -m bench.replicates RESULT.json [RESULT.json ...] [--baseline ARM]
         [--json PATH]
 """
 
@@ -21,11 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from reports.intervals import mean_interval, welch_difference  # noqa: E402
-from reports.table import text_table  # noqa: E402
+from bench.common import Figure, provenance, write_results
+from reports.intervals import mean_interval, welch_difference
+from reports.table import text_table
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ out, one section per benchmark and one table per file. Nothing on the page is ty
 `--check` (run by the test suite) fails when the committed page is not what the files give.
 Files from earlier code, without that record, live in `bench/results/archive/`.
 
-    .venv/bin/python bench/results.py [--check]
+    .venv/bin/python -m bench.results [--check]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 PAGE = BENCH / "README.md"
+SCRIPT = re.compile(r"^(\S*python3?) bench/(\w+)\.py")
 # Sections in reading order: serving, then data, then learning; others follow by name.
 ORDER = ("sampling", "serving", "startup", "dtype", "chaos", "sandbox", "store", "pipeline",
          "train", "capture", "agent", "tasksets", "reviewer", "explore", "learn", "confirm",
@@ -50,8 +52,14 @@ class Result:
     figures: list[dict[str, Any]]
 
     @property
+    def command(self) -> str:
+        """The command that made it, as a module of the bench package (files made before
+        bench/ was a package name the script's file: the same script, the same arguments)."""
+        return SCRIPT.sub(r"\1 -m bench.\2", self.provenance["command"])
+
+    @property
     def script(self) -> str:
-        return Path(self.provenance["command"].split()[1]).stem
+        return self.command.split()[2].removeprefix("bench.")
 
 
 def load(folder: Path = RESULTS) -> list[Result]:
@@ -107,7 +115,7 @@ def _table(result: Result) -> str:
         f"`results/{result.path.name}` · {made['date'][:10]} · commit "
         f"`{made['commit']}`{dirty} · {where}",
         "",
-        f"    {made['command']}",
+        f"    {result.command}",
         "",
         "| figure | value | n | 95% interval | counts |",
         "|---|---:|---:|---|---|",

@@ -12,13 +12,12 @@ Measured, on the same requests:
     for the whole of the reviewer's pass (the policy's in batches of 16 until it ends), after a
     warm-up pass at each batch size.
 
-    .venv/bin/python bench/reviewer.py [--reviewer qwen2.5-coder-0.5b] [--json PATH]
+    .venv/bin/python -m bench.reviewer [--reviewer qwen2.5-coder-0.5b] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import threading
 import time
@@ -29,17 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from smollm2_server import fixed_server
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from smollm2_server import fixed_server  # noqa: E402
-
-from agents import reflection  # noqa: E402
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
-from serving.server import VllmServer, cpu_dtype, split_cores  # noqa: E402
-from verifiers.reasoning import train_tasks  # noqa: E402
+from agents import reflection
+from bench.common import ROOT, Figure, provenance, write_results
+from reports.table import text_table
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
+from serving.server import VllmServer, cpu_dtype, split_cores
+from verifiers.reasoning import train_tasks
 
 POLICY_PROMPT = "Count from one to twenty in words."
 DTYPES = ("float32", "bfloat16")

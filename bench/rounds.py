@@ -12,26 +12,23 @@ PPO's trust region. "Lucky" is the share of correct train attempts whose answer 
 working right before it (`7 - 9 = 2. <answer>-2`), and "contra" the share of the new version's
 held-out answers that do.
 
-    .venv/bin/python bench/rounds.py --db sqlite:///RUN/flywheel.db [--json PATH]
+    .venv/bin/python -m bench.rounds --db sqlite:///RUN/flywheel.db [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory import store  # noqa: E402
-from memory.records import Attempt, Group, TrainingRound  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts  # noqa: E402
-from trainer.settings import TrainSettings  # noqa: E402
-from verifiers.answer import extract_answer  # noqa: E402
+from bench.common import Figure, provenance, write_results
+from memory import store
+from memory.records import Attempt, Group, TrainingRound
+from reports.table import text_table
+from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts
+from trainer.settings import TrainSettings
+from verifiers.answer import extract_answer
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ held-out pass@1 of the version the gate kept serving, with its paired gain over 
 on the same tasks; and the table the run printed, as a user sees it. Each arm's final pass@1 is
 compared with the first arm's, with Welch's interval over runs.
 
-    .venv/bin/python bench/run.py [--runs 3] [--arms reviewer,alone] [--json PATH]
+    .venv/bin/python -m bench.run [--runs 3] [--arms reviewer,alone] [--json PATH]
 """
 
 from __future__ import annotations
@@ -18,18 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results  # noqa: E402
-from reports.intervals import mean_interval, welch_difference  # noqa: E402
-from reports.table import text_table  # noqa: E402
+from bench.common import FLYWHEEL, ROOT, Figure, checkout_env, provenance, write_results
+from reports.intervals import mean_interval, welch_difference
+from reports.table import text_table
 
 ARMS = {
     "reviewer": ["--reviewer", "qwen2.5-coder-0.5b", "--config", "examples/reviewer.toml"],

@@ -12,7 +12,7 @@ with LoRA enabled, at the same concurrency and the same requests:
 The versions are random LoRA adapters of the real model merged by the trainer's own code:
 speed depends on how a version is served, not on its values.
 
-    .venv/bin/python bench/sampling.py [--model smollm2|tiny] [--swaps 10] [--passes 3]
+    .venv/bin/python -m bench.sampling [--model smollm2|tiny] [--swaps 10] [--passes 3]
         [--json PATH]
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -32,17 +31,14 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.chaos import random_adapter  # noqa: E402
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving import weights  # noqa: E402
-from serving.adapters import ensure_loaded  # noqa: E402
-from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
-from trainer.merge import merge_version  # noqa: E402
+from bench.chaos import random_adapter
+from bench.common import ROOT, Figure, provenance, server_settings, write_results
+from reports.table import text_table
+from serving import weights
+from serving.adapters import ensure_loaded
+from serving.model import prepare_smollm2, prepare_tiny_llama
+from serving.server import VllmServer
+from trainer.merge import merge_version
 
 PROMPT = "Count from one to twenty in words."
 
@@ -122,14 +118,7 @@ def _ratios(top: list[float], bottom: list[float]) -> list[float]:
 @contextmanager
 def server(base: Path, port: int, mode: str, work: Path) -> Iterator[str]:
     """A started, warmed-up server of `mode` ("merged" or "lora"); yields its URL."""
-    settings = ServerSettings(
-        python=ROOT / ".venv-serving" / "bin" / "python",
-        model_path=base,
-        served_name=base.name,
-        port=port,
-        weights=mode,  # type: ignore[arg-type]
-        log_path=work / f"vllm-{mode}.log",
-    )
+    settings = server_settings(base, work / f"vllm-{mode}.log", port=port, weights=mode)
     with VllmServer(settings) as running:
         body = {"model": base.name, "prompt": PROMPT, "max_tokens": 8}
         httpx.post(f"{running.url}/v1/completions", json=body, timeout=300)  # warm-up

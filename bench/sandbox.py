@@ -5,7 +5,7 @@ Runs the same small program (a code-task harness call) `--runs` times as a bare
 one at a time, then `--workers` at a time for throughput. Overhead is the sandboxed wall time
 minus the bare median. Also times one full code-task verification.
 
-    .venv/bin/python bench/sandbox.py [--runs 200] [--workers 4] [--json PATH]
+    .venv/bin/python -m bench.sandbox [--runs 200] [--workers 4] [--json PATH]
 """
 
 from __future__ import annotations
@@ -14,17 +14,14 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from verifiers.coding import HARNESS, train_tasks, verify  # noqa: E402
-from verifiers.sandbox import SYSTEM_PYTHON, Isolation, Sandbox, Status, best_isolation  # noqa: E402
+from bench.common import Figure, provenance, write_results
+from verifiers.coding import HARNESS, train_tasks, verify
+from verifiers.sandbox import SYSTEM_PYTHON, Isolation, Sandbox, Status, best_isolation
 
 PAYLOAD = json.dumps(
     {"code": "def add(a, b):\n    return a + b", "entry": "add", "cases": [[1, 2], [3, 4]]}

@@ -7,15 +7,13 @@ Starts a real vLLM server (SmolLM2-135M on CPU by default) and the gateway in fr
     serves it" (validated, loaded, canaried, promoted through the gate), p50 and p99;
 (c) failed requests of a steady load through the alias during those consecutive swaps.
 
-    .venv/bin/python bench/serving.py [--model smollm2|tiny] [--swaps 10] [--passes 3] [--json PATH]
+    .venv/bin/python -m bench.serving [--model smollm2|tiny] [--swaps 10] [--passes 3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import socket
-import sys
 import tempfile
 import threading
 import time
@@ -25,15 +23,12 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory import folders, store  # noqa: E402
-from memory.records import PolicyVersion  # noqa: E402
-from serving.gateway import GatewaySettings, create_app, running  # noqa: E402
-from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
-from serving.server import ServerSettings, VllmServer  # noqa: E402
+from bench.common import ROOT, Figure, free_port, provenance, server_settings, write_results
+from memory import folders, store
+from memory.records import PolicyVersion
+from serving.gateway import GatewaySettings, create_app, running
+from serving.model import prepare_smollm2, prepare_tiny_llama
+from serving.server import VllmServer
 
 ADMIN = {"Authorization": "Bearer bench-admin"}
 PROMPT = [{"role": "user", "content": "Count from one to twenty in words."}]
@@ -77,34 +72,21 @@ def figures(results: dict[str, Any]) -> list[Figure]:
     ]  # fmt: skip
 
 
-def server_settings_for(model_path: Path, scratch: Path, **options: Any) -> ServerSettings:
-    """A vLLM server of `model_path` from the serving environment, on a free port, its log in
-    `scratch` (`options`: more `ServerSettings`)."""
-    return ServerSettings(
-        python=ROOT / ".venv-serving" / "bin" / "python",
-        model_path=model_path,
-        served_name=model_path.name,
-        port=free_port(),
-        log_path=scratch / "vllm.log",
-        **options,
-    )
-
-
 def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
-    server_settings = server_settings_for(model_path, scratch)
+    upstream = server_settings(model_path, scratch / "vllm.log")
     root = scratch / "adapters"
     template = make_adapter(model_path, scratch / "template")
     engine = store.open_store(f"sqlite:///{scratch / 'bench.db'}")
     seed_store(engine, model_path.name)
     gateway_settings = GatewaySettings(
-        upstreams=[server_settings.url],
+        upstreams=[upstream.url],
         base_model_path=model_path,
         adapters_root=root,
         admin_keys=frozenset({"bench-admin"}),
         keep_versions=3,
     )
     with (
-        VllmServer(server_settings) as server,
+        VllmServer(upstream) as server,
         running(create_app(gateway_settings, engine), port=free_port()) as gateway,
     ):
         throughput(server.url, args, passes=1)  # warm-up: the first requests are slow on CPU
@@ -258,12 +240,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def print_table(r: dict) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.common import server_settings
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
 from serving.server import ServerSettings, VllmServer, side_by_side
 
@@ -62,14 +63,5 @@ def fixed_server(
     model: Path, port: int, log_name: str, cpus: str | None, dtype: str, logs: Path = LOGS
 ) -> ServerSettings:
     """A server of `model` without LoRA, pinned to `cpus`, logging to `logs/log_name`."""
-    return ServerSettings(
-        python=ROOT / ".venv-serving" / "bin" / "python",
-        model_path=model,
-        served_name=model.name,
-        port=port,
-        weights="fixed",
-        dtype=dtype,
-        cpus=cpus,
-        startup_timeout_s=600.0,
-        log_path=logs / log_name,
-    )
+    return server_settings(model, logs / log_name, port=port, weights="fixed", dtype=dtype,
+                           cpus=cpus, startup_timeout_s=600.0)  # fmt: skip

@@ -3,27 +3,24 @@ side as `flywheel run --reviewer` starts them (both launched before either is wa
 pinned to cores of its own, `cli.launch._start`). Seconds from the first launch until both
 generate.
 
-    .venv/bin/python bench/startup.py [--reviewer qwen2.5-coder-0.5b] [--json PATH]
+    .venv/bin/python -m bench.startup [--reviewer qwen2.5-coder-0.5b] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from smollm2_server import fixed_server  # noqa: E402
+from smollm2_server import fixed_server
 
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from cli.launch import _start  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from serving.model import REVIEWERS, prepare_parted, prepare_smollm2  # noqa: E402
-from serving.server import ServerSettings, side_by_side  # noqa: E402
+from bench.common import ROOT, Figure, provenance, write_results
+from cli.launch import _start
+from reports.table import text_table
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
+from serving.server import ServerSettings, side_by_side
 
 
 def main() -> None:

@@ -11,7 +11,7 @@
    their sentence embeddings), then `--queries` searches for a task's prompt, top 6 within 800
    characters: p50 and p99 latency with embeddings and with BM25.
 
-    .venv/bin/python bench/store.py [--pg-url postgresql+psycopg://...] [--json PATH]
+    .venv/bin/python -m bench.store [--pg-url postgresql+psycopg://...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -31,16 +30,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory import library, store, workqueue  # noqa: E402
-from memory.embedding import Embedder  # noqa: E402
-from memory.library import LibrarySettings  # noqa: E402
-from memory.records import (  # noqa: E402
+from bench.common import Figure, provenance, write_results
+from memory import library, store, workqueue
+from memory.embedding import Embedder
+from memory.library import LibrarySettings
+from memory.records import (
     Attempt,
     Group,
     LessonDraft,
@@ -48,7 +45,7 @@ from memory.records import (  # noqa: E402
     SamplingSettings,
     WorkItem,
 )
-from memory.retrieval import Index  # noqa: E402
+from memory.retrieval import Index
 
 
 def main() -> None:

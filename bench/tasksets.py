@@ -7,31 +7,27 @@ task: the success rate, and the fraction of groups with mixed outcomes, the only
 carry a GRPO signal. A preset is useful when that fraction is high: neither always solved nor
 never. Also the verification time per attempt.
 
-    .venv/bin/python bench/tasksets.py [--tasks 32] [--server-url URL] [--json PATH]
+    .venv/bin/python -m bench.tasksets [--tasks 32] [--server-url URL] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+from smollm2_server import smollm2_server
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from smollm2_server import smollm2_server  # noqa: E402
-
-from agents.collector import GroupSpec, collect_group  # noqa: E402
-from agents.policy import Endpoint, PolicyClient  # noqa: E402
-from agents.settings import CollectSettings  # noqa: E402
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory.records import Group  # noqa: E402
-from verifiers.catalog import eval_tasks, names  # noqa: E402
-from verifiers.errors import VerifierError  # noqa: E402
+from agents.collector import GroupSpec, collect_group
+from agents.policy import Endpoint, PolicyClient
+from agents.settings import CollectSettings
+from bench.common import Figure, provenance, write_results
+from memory.records import Group
+from verifiers.catalog import eval_tasks, names
+from verifiers.errors import VerifierError
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ advantages and the importance-sampling weights. Each runs in its own process so 
 is its own, and the two alternate over `--passes`. Reports trained tokens/s with its interval
 over passes, our overhead, and peak memory (RSS; CUDA peak on a GPU).
 
-    .venv/bin/python bench/train.py [--model smollm2|tiny] [--rows 64] [--passes 3] [--json PATH]
+    .venv/bin/python -m bench.train [--model smollm2|tiny] [--rows 64] [--passes 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory.records import Attempt, Group, Sample, SamplingSettings  # noqa: E402
-from serving.model import prepare_smollm2, prepare_tiny_llama  # noqa: E402
-from trainer.settings import TrainSettings  # noqa: E402
+from bench.common import ROOT, Figure, provenance, write_results
+from memory.records import Attempt, Group, Sample, SamplingSettings
+from serving.model import prepare_smollm2, prepare_tiny_llama
+from trainer.settings import TrainSettings
 
 
 def main() -> None:

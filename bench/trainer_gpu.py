@@ -5,27 +5,23 @@ download), LoRA r=16 on all linear layers, rows of 256 prompt + 256 trained toke
 `train_round` a CPU run uses, with `device = "cuda"` and `dtype = "bfloat16"`. Prints a table
 and, with `--json PATH`, writes it. Skips with a line when no GPU is present (CI has none).
 
-    .venv/bin/python bench/trainer_gpu.py [--rows 256] [--batch-size 16] [--json PATH]
+    .venv/bin/python -m bench.trainer_gpu [--rows 256] [--batch-size 16] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from memory.records import Attempt, Group, Sample, SamplingSettings  # noqa: E402
-from reports.table import text_table  # noqa: E402
-from trainer.round import train_round  # noqa: E402
-from trainer.settings import TrainSettings  # noqa: E402
+from bench.common import ROOT, Figure, provenance, write_results
+from memory.records import Attempt, Group, Sample, SamplingSettings
+from reports.table import text_table
+from trainer.round import train_round
+from trainer.settings import TrainSettings
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ of two turns each; then requests each view `--requests` times through the app in
 (queries and rendering, no network) and reports the median and 95th percentile latency. The goal:
 every view under 200 ms.
 
-    .venv/bin/python bench/ui.py [--attempts 100000] [--sessions 10000] [--json PATH]
+    .venv/bin/python -m bench.ui [--attempts 100000] [--sessions 10000] [--json PATH]
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.common import Figure, provenance, write_results  # noqa: E402
-from bench.store import scratch_database  # noqa: E402
-from memory import store  # noqa: E402
-from memory.records import (  # noqa: E402
+from bench.common import Figure, provenance, write_results
+from bench.store import scratch_database
+from memory import store
+from memory.records import (
     UNRATED,
     Attempt,
     Group,
@@ -38,7 +35,7 @@ from memory.records import (  # noqa: E402
     SamplingSettings,
     TrainingRound,
 )
-from reports.table import text_table  # noqa: E402
+from reports.table import text_table
 
 ADMIN = "bench-admin"
 VIEWS = (

@@ -35,7 +35,7 @@ def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> 
     figures = [Figure.share("held-out pass@1", 16, 64, "policy").__dict__,
                Figure.mean("tokens", [10.0, 12.0, 14.0], "tokens/s").__dict__,
                Figure.single("wall time", 389.6, "s").__dict__]  # fmt: skip
-    made = {"command": ".venv/bin/python bench/train.py --passes 3", "commit": "abc1234",
+    made = {"command": ".venv/bin/python -m bench.train --passes 3", "commit": "abc1234",
             "date": "2026-12-03T10:00:00Z", "dirty": False,
             "machine": {"cpu": "AMD EPYC", "cores": 2, "dtype": "float32"}}  # fmt: skip
     page = render([Result(tmp_path / "train.json", made, figures)], [])
@@ -43,7 +43,7 @@ def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> 
     assert "| tokens | 12.00 tokens/s | 3 | 7.03 to 16.97 | - |" in page
     assert "| wall time | 389.6 s | 1 | - | - |" in page
     assert "commit `abc1234` · AMD EPYC, 2 cores, native float32" in page
-    assert "    .venv/bin/python bench/train.py --passes 3" in page
+    assert "    .venv/bin/python -m bench.train --passes 3" in page
 
 
 def test_a_run_is_read_from_its_summary_and_the_arms_compared_over_runs() -> None:

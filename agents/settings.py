@@ -3,7 +3,7 @@ down (a worker receives it in each work item's plan)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,6 +12,12 @@ from memory.records import Annealing
 from verifiers.catalog import system_prompt
 from verifiers.guard import Guard
 from verifiers.task import Task
+
+GroupSize = Annotated[int, Field(ge=1, description="attempts per task (a GRPO group)")]
+Temperature = Annotated[float, Field(ge=0.0, description="sampling temperature of train attempts")]
+GuidedFraction = Annotated[
+    float, Field(ge=0.0, le=1.0, description="share of each group sampled with a worked example")
+]
 
 
 class RetrySettings(BaseModel):
@@ -75,13 +81,11 @@ class CollectSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    group_size: int = Field(4, ge=1, description="attempts per task (a GRPO group)")
-    temperature: float = Field(1.0, ge=0.0, description="sampling temperature of train attempts")
+    group_size: GroupSize = 4
+    temperature: Temperature = 1.0
     max_tokens: int = Field(128, ge=1)
     system_prompt: str | None = None  # None: the task set's own
-    guided_fraction: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
-    )
+    guided_fraction: GuidedFraction = 0.0
     strategy: StrategySettings = StrategySettings()  # SGE (agents.strategy)
     retry: RetrySettings = RetrySettings()  # R3L (agents.reflection)
     insights: bool = Field(False, description="sequential attempts with judged insights (RLTLDR)")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agents.outcome import OutcomeSettings
-from agents.settings import CollectSettings
+from agents.settings import CollectSettings, GroupSize, GuidedFraction, Temperature
 from flows.errors import FlowError
 from memory.library import LibrarySettings
 from memory.records import describe
@@ -45,11 +45,9 @@ class RunCollect(CollectSettings):
     """A run's collection: groups of at least two, sampled below the API's default temperature,
     half of each shown a worked example; the rest as `CollectSettings` has it."""
 
-    group_size: int = Field(4, ge=2, description="attempts per task (a GRPO group)")
-    temperature: float = Field(0.7, ge=0.0, description="sampling temperature of train attempts")
-    guided_fraction: float = Field(
-        0.5, ge=0.0, le=1.0, description="share of each group sampled with a worked example"
-    )
+    group_size: Annotated[GroupSize, Field(ge=2)] = 4
+    temperature: Temperature = 0.7
+    guided_fraction: GuidedFraction = 0.5
 
 
 class RunSettings(BaseModel):

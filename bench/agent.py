@@ -1,9 +1,12 @@
 """Your agent, measured end to end: `examples/agent.py` (streaming, the `add` tool, several turns)
-through the gateway of `flywheel serve --source captured`, on SmolLM2 with LoRA, for a few
-minutes of its own traffic.
+through the gateway of `flywheel serve --source captured`, on a policy with LoRA (SmolLM2, or
+Qwen2.5-Coder-0.5B), for a few minutes of its own traffic.
 
     .venv/bin/python -m bench.agent [--minutes 20] [--route evaluation|sessions]
-        [--held-out 32] [--concurrency 4] [--tool-choice required|auto] [--json PATH]
+        [--held-out 32] [--concurrency 4] [--tool-choice required|auto]
+        [--policy smollm2|qwen2.5-coder-0.5b] [--base-only] [--json PATH]
+
+`--base-only` measures step 1 alone: a screen of policies on the agent's held-out sums.
 
 1. Before: the agent on `--held-out` held-out sums (`examples.agent.held_out`, past the 16 its
    own evaluation gates on), pointed at the base model by name: its success and tool calls
@@ -52,7 +55,7 @@ from examples.agent import converse, correct, held_out, tasks
 from memory import store
 from reports.intervals import paired_difference, wilson
 from reports.table import text_table
-from serving.model import prepare_smollm2
+from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
 from serving.server import VllmServer
 
 SERVER_KEY, USER_KEY = "bench-server-key", "bench-user-key"
@@ -64,6 +67,13 @@ def main() -> None:
     parser.add_argument("--route", choices=("evaluation", "sessions"), default="evaluation")
     parser.add_argument("--held-out", type=int, default=32, help="held-out sums, before and after")
     parser.add_argument("--concurrency", type=int, default=4, help="agent conversations at once")
+    parser.add_argument(
+        "--policy", choices=("smollm2", *REVIEWERS), default="smollm2", help="the agent's model"
+    )
+    parser.add_argument(
+        "--base-only", action="store_true", help="the base model on the held-out sums alone: "
+        "a screen of policies (no traffic, no rounds)",
+    )  # fmt: skip
     parser.add_argument(
         "--tool-choice", choices=("required", "auto"), default="required",
         help="the first request's tool_choice, as the agent's author sets it",
@@ -80,18 +90,27 @@ def main() -> None:
 
 
 def figures(results: dict[str, Any]) -> list[Figure]:
-    """The agent's held-out success before and after (Wilson), the paired gain, the traffic's
-    learning signal and the wall time (one run)."""
-    before, after, diff = results["before"], results["after"], results["after_minus_before"]
-    n, signal = before["n"], results["signal"]
+    """The agent's held-out success and tool-call rate before and after (Wilson), the paired
+    gain, the traffic's learning signal and the wall time (one run); before alone for a
+    screen."""
+    before, n = results["before"], results["before"]["n"]
+    screened = [
+        Figure.share(f"held-out success, base {results['policy']}", round(before["success"] * n),
+                     n, "policy"),
+        Figure.share(f"held-out conversations that called the tool, base {results['policy']}",
+                     round(before["called_share"] * n), n, "policy"),
+    ]  # fmt: skip
+    if "after" not in results:
+        return [*screened, Figure.single("wall time", results["wall_seconds"], "s")]
+    after, diff, signal = results["after"], results["after_minus_before"], results["signal"]
     return [
-        Figure.share("held-out success before (base)", round(before["success"] * n), n, "policy"),
+        *screened,
         Figure.share(f"held-out success after ({after['version']})",
                      round(after["success"] * n), n, "policy"),
         Figure("after - before, paired on the same tasks", diff["value"], diff["n"],
                diff["low"], diff["high"], "", "policy"),
-        Figure.single("tool calls per held-out conversation, after",
-                      after["calls_per_conversation"], counts="policy"),
+        Figure.share("held-out conversations that called the tool, after",
+                     round(after["called_share"] * n), n, "policy"),
         Figure.single("captured sessions", results["traffic"]["sessions"]),
         Figure.single("groups with a reward spread (trainable share)", signal["trainable_share"]),
         Figure.single("wall time", results["wall_seconds"], "s"),
@@ -99,12 +118,19 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 
 def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    model = prepare_smollm2(ROOT / ".flywheel" / "models")
+    models = ROOT / ".flywheel" / "models"
+    if args.policy == "smollm2":
+        model = prepare_smollm2(models)
+    else:
+        model = prepare_parted(REVIEWERS[args.policy], models)
     settings = server_settings(model, scratch / "vllm.log", weights="lora", api_key=SERVER_KEY)
     started = time.monotonic()
     with VllmServer(settings) as server:
         direct = OpenAI(base_url=f"{server.url}/v1", api_key=SERVER_KEY)
         before = _held_out(direct, model.name, args)
+        if args.base_only:
+            return {"policy": args.policy, "before": _summary(before),
+                    "wall_seconds": time.monotonic() - started}  # fmt: skip
         served, gateway, db = _serve(args, server.url, model, scratch)
         try:
             client = OpenAI(base_url=f"{gateway}/v1", api_key=USER_KEY)
@@ -115,6 +141,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             stop_serve(served, scratch)
     difference = paired_difference(after["solved"], before["solved"])
     return {
+        "policy": args.policy,
         "route": args.route,
         "wall_seconds": time.monotonic() - started,
         "before": _summary(before),
@@ -245,7 +272,8 @@ def _summary(found: dict[str, list[Any]]) -> dict[str, Any]:
     solved, n = sum(found["solved"]), len(found["solved"])
     low, high = wilson(solved, n)
     return {"success": solved / n, "low": low, "high": high, "n": n,
-            "calls_per_conversation": statistics.fmean(found["calls"])}  # fmt: skip
+            "calls_per_conversation": statistics.fmean(found["calls"]),
+            "called_share": sum(c > 0 for c in found["calls"]) / n}  # fmt: skip
 
 
 def _answers(url: str) -> bool:
@@ -265,10 +293,18 @@ def _wait(check: Any, process: subprocess.Popen[bytes], seconds: float, scratch:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    before, after, diff = results["before"], results["after"], results["after_minus_before"]
+    before = results["before"]
     rows = [
-        ["before (base)", f"{before['success']:.3f}", f"{before['low']:.3f}-{before['high']:.3f}",
-         str(before["n"]), f"{before['calls_per_conversation']:.2f}"],
+        [f"before ({results.get('policy', 'smollm2')} base)", f"{before['success']:.3f}",
+         f"{before['low']:.3f}-{before['high']:.3f}", str(before["n"]),
+         f"{before['calls_per_conversation']:.2f}"],
+    ]  # fmt: skip
+    if "after" not in results:
+        print(text_table(["held-out", "success", "95%", "n", "tool calls/conv"], rows))
+        print(f"wall: {results['wall_seconds']:.0f} s")
+        return
+    after, diff = results["after"], results["after_minus_before"]
+    rows += [
         [f"after ({after['version']})", f"{after['success']:.3f}",
          f"{after['low']:.3f}-{after['high']:.3f}", str(after["n"]),
          f"{after['calls_per_conversation']:.2f}"],

@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from memory import store
-from memory.records import UNRATED
+from memory.records import UNRATED, GroupPlan
 from memory.sessions import episode_groups
 from serving import promotion
 from serving.gateway import running
@@ -69,7 +69,7 @@ def pair_of_sessions(engine) -> None:
         for name in ("k:pair-rated", "k:pair-open"):
             group = make_group([0.0], task_id=f"capture:{name}")
             turn = group.attempts[0].model_copy(update={"reason": UNRATED})
-            plan = {"session": name, "task": "k:pair"}
+            plan = GroupPlan(session=name, task="k:pair")
             captured = {"purpose": "capture", "round_index": 0, "plan": plan, "attempts": [turn]}
             store.save_group(session, group.model_copy(update=captured))
         store.record_session_feedback(session, "k:pair-rated", 0.0, "user feedback")

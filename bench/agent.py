@@ -6,7 +6,10 @@ Qwen2.5-Coder-0.5B), for a few minutes of its own traffic.
         [--held-out 32] [--concurrency 4] [--tool-choice required|auto]
         [--policy smollm2|qwen2.5-coder-0.5b] [--base-only] [--json PATH]
 
-`--base-only` measures step 1 alone: a screen of policies on the agent's held-out sums.
+`--base-only` measures step 1 alone, a screen of policies on the agent's held-out sums, and
+whether the policy's own answers could teach it: `--samples` answers per sum drawn at
+temperature 1.0 right after the tool's result, and how many sums have a right one among them
+(a group with no success has nothing to learn from).
 
 1. Before: the agent on `--held-out` held-out sums (`examples.agent.held_out`, past the 16 its
    own evaluation gates on), pointed at the base model by name: its success and tool calls
@@ -51,7 +54,7 @@ from bench.common import (
     stop_serve,
     write_results,
 )
-from examples.agent import converse, correct, held_out, tasks
+from examples.agent import ADD, SYSTEM, converse, correct, gather, held_out, run_tool, tasks
 from memory import store
 from reports.intervals import paired_difference, wilson
 from reports.table import text_table
@@ -73,6 +76,10 @@ def main() -> None:
     parser.add_argument(
         "--base-only", action="store_true", help="the base model on the held-out sums alone: "
         "a screen of policies (no traffic, no rounds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--samples", type=int, default=4,
+        help="with --base-only: answers sampled after the tool's result, per sum",
     )  # fmt: skip
     parser.add_argument(
         "--tool-choice", choices=("required", "auto"), default="required",
@@ -101,7 +108,15 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                      round(before["called_share"] * n), n, "policy"),
     ]  # fmt: skip
     if "after" not in results:
-        return [*screened, Figure.single("wall time", results["wall_seconds"], "s")]
+        right, k = results["after_the_tool"], results["samples"]
+        return [
+            *screened,
+            Figure.share(f"answers right after the tool's result, at temperature 1.0 ({k} a sum)",
+                         sum(right), k * len(right), "policy"),
+            Figure.share("sums with a right answer among them (a group with a success)",
+                         sum(r > 0 for r in right), len(right), "policy"),
+            Figure.single("wall time", results["wall_seconds"], "s"),
+        ]  # fmt: skip
     after, diff, signal = results["after"], results["after_minus_before"], results["signal"]
     return [
         *screened,
@@ -129,8 +144,10 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         direct = OpenAI(base_url=f"{server.url}/v1", api_key=SERVER_KEY)
         before = _held_out(direct, model.name, args)
         if args.base_only:
-            return {"policy": args.policy, "before": _summary(before),
-                    "wall_seconds": time.monotonic() - started}  # fmt: skip
+            right = _after_the_tool(direct, model.name, args)
+            seconds = time.monotonic() - started
+            return {"policy": args.policy, "before": _summary(before), "samples": args.samples,
+                    "after_the_tool": right, "wall_seconds": seconds}  # fmt: skip
         served, gateway, db = _serve(args, server.url, model, scratch)
         try:
             client = OpenAI(base_url=f"{gateway}/v1", api_key=USER_KEY)
@@ -185,10 +202,40 @@ def _held_out(client: OpenAI, model: str, args: argparse.Namespace) -> dict[str,
         answer, calls = converse(client, task[1], {}, first=args.tool_choice, model=model)
         return correct(answer, task[2]), calls
 
-    gated = 16  # the first held-out sums are the agent's own evaluation's: measure past them
     with ThreadPoolExecutor(args.concurrency) as pool:
-        found = list(pool.map(one, held_out(gated + args.held_out)[gated:]))
+        found = list(pool.map(one, _measured(args)))
     return {"solved": [s for s, _ in found], "calls": [c for _, c in found]}
+
+
+def _measured(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    gated = 16  # the first held-out sums are the agent's own evaluation's: measure past them
+    return held_out(gated + args.held_out)[gated:]
+
+
+def _after_the_tool(client: OpenAI, model: str, args: argparse.Namespace) -> list[int]:
+    """Per held-out sum, how many of `args.samples` answers sampled at temperature 1.0 right
+    after the tool's result are correct: whether a group of the policy's own answers there
+    could hold a success to learn from."""
+
+    def one(task: tuple[str, str, int]) -> int:
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM}, {"role": "user", "content": task[1]},
+        ]  # fmt: skip
+        reply = gather(client.chat.completions.create(
+            model=model, messages=messages, tools=[ADD], max_tokens=48,  # type: ignore[arg-type]
+            tool_choice="required", stream=True,
+        ))  # fmt: skip
+        messages.append(reply)
+        for call in reply.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": run_tool(call)})
+        drawn = client.chat.completions.create(
+            model=model, messages=messages, tools=[ADD], max_tokens=48,  # type: ignore[arg-type]
+            temperature=1.0, n=args.samples,
+        )  # fmt: skip
+        return sum(correct(c.message.content or "", task[2]) for c in drawn.choices)
+
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        return list(pool.map(one, _measured(args)))
 
 
 def _traffic(
@@ -301,6 +348,11 @@ def print_table(results: dict[str, Any]) -> None:
     ]  # fmt: skip
     if "after" not in results:
         print(text_table(["held-out", "success", "95%", "n", "tool calls/conv"], rows))
+        right = results["after_the_tool"]
+        print(
+            f"after the tool's result, {results['samples']} answers a sum at 1.0: "
+            f"{sum(right)} right; sums with one right: {sum(r > 0 for r in right)}/{len(right)}"
+        )
         print(f"wall: {results['wall_seconds']:.0f} s")
         return
     after, diff = results["after"], results["after_minus_before"]

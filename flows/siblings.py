@@ -19,35 +19,57 @@ from.
    repeat the answer) and stored as sessions of the same task tied to it (`sibling_of`), so
    `flywheel lineage` and `forget` reach them. A server that fails raises, and the siblings of
    that session are not stored.
+5. With HeRL on (`--revise 1`) and a reviewer, a verified session none of whose answers (its
+   own, its siblings') was right gets the reviewer's answer at that turn: the reviewer reads
+   the transcript as text (the tools' results included) and writes the assistant's reply, up to
+   `collect.revise.revisions` draws; the first the verifier passes against the session's
+   reference is stored as one more sibling, of kind `revision` (the reviewer's work, not the
+   policy's), its text in the policy's ids closed by the end-of-turn token the session's own
+   answer stopped on. Its group trains it as HeRL trains a revision, in place of a failed
+   answer (`trainer.dataset`). A policy that never answers a turn right (the agent's screen in
+   docs/experiments.md) has nothing to learn from its own answers; this is what it learns from.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from agents.policy import Endpoint, PolicyClient
 from flows.settings import RunSettings
+from flows.stages import reviewer_endpoint
 from memory import sessions, store
-from memory.records import UNRATED, Attempt, Group, SamplingSettings
+from memory.records import FULL_REWARD, UNRATED, Attempt, Group, Sample, SamplingSettings
 from serving import capture
 from verifiers.catalog import averify
 from verifiers.errors import TaskFault
 
 log = logging.getLogger(__name__)
+REVIEW = (
+    "Below is a conversation between a user and an assistant that calls tools, with each "
+    "tool's result. Write the assistant's next reply to the user, following the system "
+    "message's instructions. Reply with that reply alone."
+)
 
 
 async def grow(settings: RunSettings, server_url: str, version: str) -> int:
-    """Siblings for every lone session that can be scored as it was, sampled by `version`; how
-    many were stored."""
+    """Siblings for every lone session that can be scored as it was, sampled by `version` (and,
+    with HeRL on, the reviewer's answers where none was right); how many were stored."""
     policy = PolicyClient(server_url)
+    reviewer = reviewer_endpoint(settings) if settings.collect.revise.enabled else None
     try:
-        return await grow_with(settings, Endpoint(policy, version))
+        return await grow_with(settings, Endpoint(policy, version), reviewer)
     finally:
         await policy.aclose()
+        if reviewer is not None:
+            await reviewer.client.aclose()
 
 
-async def grow_with(settings: RunSettings, policy: Endpoint) -> int:
-    """`grow`, sampling with `policy`."""
+async def grow_with(
+    settings: RunSettings, policy: Endpoint, reviewer: Endpoint | None = None
+) -> int:
+    """`grow`, sampling with `policy`, the reviewer's answers from `reviewer`."""
     db = store.shared_engine(settings.db_url)
     with store.transaction(db) as session:
         lone = sessions.lone_sessions(session)
@@ -60,6 +82,11 @@ async def grow_with(settings: RunSettings, policy: Endpoint) -> int:
         scores = []
         if reference is not None:
             scores = [await _verified(settings, turns, answer, reference) for _, answer in drawn]
+            if reviewer is not None and not _any_right(turns, scores):
+                revised = await _reviewed(settings, (policy, reviewer), turns, reference)
+                if revised is not None:
+                    drawn.append(revised[0])
+                    scores.append(revised[1])
         with store.transaction(db) as session:
             names = sessions.add_siblings(session, sid, [episode for episode, _ in drawn])
             for name, (score, reason) in zip(names, scores, strict=False):
@@ -68,6 +95,69 @@ async def grow_with(settings: RunSettings, policy: Endpoint) -> int:
     if grown:
         log.info("%d siblings sampled for %d lone sessions", grown, len(lone))
     return grown
+
+
+def _any_right(turns: list[Group], scores: list[tuple[float, str]]) -> bool:
+    own = turns[-1].attempts[0].reward
+    return max([own, *(score for score, _ in scores)]) >= FULL_REWARD
+
+
+async def _reviewed(
+    settings: RunSettings, endpoints: tuple[Endpoint, Endpoint], turns: list[Group],
+    reference: str,
+) -> tuple[tuple[Attempt, str], tuple[float, str]] | None:  # fmt: skip
+    """The reviewer's answer at the session's last turn, verified against `reference`, as an
+    episode of kind `revision` with its score; None when no draw passed, or the answer cannot
+    be put in the policy's ids."""
+    policy, reviewer = endpoints
+    last = turns[-1].attempts[0]
+    assert last.sample is not None
+    if last.sample.finish_reason != "stop" or not last.sample.completion_token_ids:
+        return None  # no end-of-turn token of the policy's own to close the answer with
+    revise = settings.collect.revise
+    asked = [{"role": "user", "content": f"{REVIEW}\n\n{transcript(last.messages)}"}]
+    sampling = SamplingSettings(
+        temperature=revise.temperature, max_tokens=sessions.replay_tokens(last)
+    )
+    for _ in range(revise.revisions):
+        written = await reviewer.client.sample(reviewer.model, asked, sampling)
+        score, reason = await _verified(settings, turns, written.text, reference)
+        if score >= FULL_REWARD:
+            break
+    else:
+        return None
+    ids = await policy.client.tokenize_text(policy.model, written.text)
+    completion = [*ids, last.sample.completion_token_ids[-1]]
+    sample = Sample(
+        text=written.text, prompt_token_ids=last.sample.prompt_token_ids,
+        completion_token_ids=completion, logprobs=[0.0] * len(completion), finish_reason="stop",
+    )  # fmt: skip
+    answer = last.model_copy(update={
+        "sample": sample, "kind": "revision", "policy_version": reviewer.model, "reward": score,
+        "correct": True, "reason": UNRATED, "sampling": sampling, "improved": True,
+        "parent_index": 0, "context": "revision",
+        "generated_tokens": len(written.completion_token_ids),
+    })  # fmt: skip
+    episode = sessions.stitch([g.attempts[0] for g in turns[:-1]] + [answer])
+    assert isinstance(episode, Attempt), episode
+    reviewed = episode.model_copy(update={"policy_version": reviewer.model})  # whose answer
+    return (reviewed, written.text), (score, f"the reviewer's answer, {reason}")
+
+
+def transcript(messages: list[dict[str, Any]]) -> str:
+    """A conversation as text a reviewer reads: each message by its role, an assistant's tool
+    calls by name and arguments, a tool's result as what it returned."""
+    lines = []
+    for message in messages:
+        role = message.get("role", "?")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            lines.append(f"{role} calls {function.get('name')}({function.get('arguments')})")
+        content = message.get("content")
+        if content:
+            text = content if isinstance(content, str) else json.dumps(content)
+            lines.append(f"{'tool result' if role == 'tool' else role}: {text}")
+    return "\n".join(lines)
 
 
 def _reference(turns: list[Group], settings: RunSettings) -> str | None:

@@ -43,7 +43,15 @@ from memory.errors import NotFound, StoreError
 from memory.groups import captured_turns, load_groups
 from memory.ingest import save_group
 from memory.models import AttemptRow, RolloutGroupRow
-from memory.records import UNRATED, Attempt, CapturedSession, Group, GroupPlan, Sample
+from memory.records import (
+    FIRST_KINDS,
+    UNRATED,
+    Attempt,
+    CapturedSession,
+    Group,
+    GroupPlan,
+    Sample,
+)
 from memory.rows import group_record, retag, row_plan
 
 CAPTURED = "gateway"  # the task set of captured traffic and of the groups rounds adopt from it
@@ -228,7 +236,14 @@ def add_siblings(session: Session, sid: str, siblings: list[Attempt]) -> list[st
 
 
 def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
-    attempts = [e.model_copy(update={"sample_index": i}) for i, (_, e, _) in enumerate(found)]
+    """A task's episodes as a group: the policy's own in its slots, then any reviewer's answer
+    (a `revision` sibling) as an extra member revising the first slot, as HeRL's are."""
+    found = sorted(found, key=lambda f: f[1].kind not in FIRST_KINDS)  # stable: own first
+    own = [e for _, e, _ in found if e.kind in FIRST_KINDS]
+    attempts = [
+        e.model_copy(update={"sample_index": i} | ({} if i < len(own) else {"parent_index": 0}))
+        for i, (_, e, _) in enumerate(found)
+    ]
     return Group(
         round_index=0,
         purpose="capture",
@@ -236,7 +251,7 @@ def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
         taskset=CAPTURED,
         question=found[0][2],
         policy_version=attempts[0].policy_version,
-        size=len(attempts),
+        size=len(own),
         attempts=attempts,
         plan=GroupPlan(task=task, sessions=[sid for sid, _, _ in found]),
     )

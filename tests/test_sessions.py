@@ -480,3 +480,86 @@ def test_an_unrated_session_met_once_is_judged_with_its_siblings(capturing, monk
         (group,) = adopt(session, round_index=1, policy_version="v1")
     assert group.task_id == f"task:{mine('alone')}"
     assert [a.reward for a in group.attempts] == [0.2, 0.9, 0.4]
+
+
+def test_a_session_no_answer_of_the_policy_got_right_gets_the_reviewers_verified_answer(
+    capturing,
+) -> None:
+    """HeRL on lone sessions: the session said "5" untagged (half reward), its siblings worse;
+    the reviewer reads the transcript as text and answers; its first draw is wrong, its second
+    right, and that one joins the session's group as a revision in the policy's ids, closed by
+    the session's own end-of-turn token, revising the first slot."""
+    import anyio
+
+    from agents.settings import ReviseSettings
+    from flows import siblings
+    from flows.settings import RunSettings
+    from memory.sessions import adopt
+    from trainer.dataset import build_rows, winning_revision
+    from trainer.settings import TrainSettings
+
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        converse(client, {"X-Flywheel-Session": "once", "X-Flywheel-Task": "sum"})  # says "5"
+        client.post("/v1/feedback", json={"session": "once", "reference": "5"}).raise_for_status()
+    sampled: list[dict] = []
+    answers = completions_server(["7", "9", "8"], sampled)
+
+    def policy_server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tokenize"):
+            text = json.loads(request.content)["prompt"]
+            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
+        return answers(request)
+
+    asked: list[dict] = []
+    drafts = iter(["<answer>6</answer>", "<answer>5</answer>"])
+
+    def reviewer_server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        asked.append(body)
+        return scripted(body, next(drafts), [3])
+
+    herl = ReviseSettings(enabled=True, revisions=2, temperature=0.5)
+    settings = RunSettings(db_url=str(engine.url), source="captured", collect={"revise": herl})
+    policy = Endpoint(client_for(policy_server), "v1")
+    reviewer = Endpoint(client_for(reviewer_server), "judge-model")
+    assert anyio.run(siblings.grow_with, settings, policy, reviewer) == 4  # 3 siblings, 1 answer
+    first = asked[0]["messages"][-1]["content"]
+    assert first.startswith(siblings.REVIEW) and "user: " in first  # the transcript as text
+    assert len(asked) == 2 and asked[0]["temperature"] == 0.5  # until a draw passed
+    with store.transaction(engine) as session:
+        (group,) = adopt(session, round_index=1, policy_version="v1")
+    assert group.size == 4 and group.complete  # the policy's own four answers in the slots
+    revision = winning_revision(group)
+    assert revision is not None and revision.kind == "revision" and revision.sample_index == 4
+    assert revision.policy_version == "judge-model" and revision.reward == 1.0
+    assert revision.parent_index == 0 and revision.improved
+    own_end = group.attempts[0].sample.completion_token_ids[-1]
+    assert revision.sample.completion_token_ids[-len("<answer>5</answer>") - 1 :] == [
+        *map(ord, "<answer>5</answer>"),
+        own_end,
+    ]  # the reviewer's text in the policy's ids, closed as the session's own answer was
+    assert group.plan.sessions[-1] == f"{mine('once')}~4"  # lineage reaches the reviewer's too
+    rows = build_rows([group], TrainSettings(mode="grpo"))
+    (written,) = [row for row in rows if row.off_policy]  # trained as HeRL trains a revision
+    assert max(written.advantages) > 0 and written.context == "revision"
+
+
+def test_no_reviewer_answer_where_the_policy_got_one_right(capturing) -> None:
+    import anyio
+
+    from agents.settings import ReviseSettings
+    from flows import siblings
+    from flows.settings import RunSettings
+
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        converse(client, {"X-Flywheel-Session": "once", "X-Flywheel-Task": "sum"})
+        client.post("/v1/feedback", json={"session": "once", "reference": "5"}).raise_for_status()
+    asked: list[dict] = []
+    settings = RunSettings(
+        db_url=str(engine.url), source="captured", collect={"revise": ReviseSettings(enabled=True)}
+    )
+    policy = Endpoint(client_for(completions_server(["<answer>5</answer>"], [])), "v1")
+    assert anyio.run(siblings.grow_with, settings, policy, judge_client("5", asked)) == 3
+    assert asked == []  # a sibling was right: the policy has its own success to learn from

@@ -4,7 +4,12 @@ Qwen2.5-Coder-0.5B), for a few minutes of its own traffic.
 
     .venv/bin/python -m bench.agent [--minutes 20] [--route evaluation|sessions]
         [--held-out 32] [--concurrency 4] [--tool-choice required|auto]
-        [--policy smollm2|qwen2.5-coder-0.5b] [--base-only] [--json PATH]
+        [--policy smollm2|qwen2.5-coder-0.5b] [--reviewer qwen2.5-coder-0.5b]
+        [--base-only] [--json PATH]
+
+With `--reviewer`, a reviewer served beside the policy (each on cores of its own) answers the
+sessions none of whose answers was right, and rounds learn from its verified answers (HeRL on
+captured sessions, `flows.siblings`).
 
 `--base-only` measures step 1 alone, a screen of policies on the agent's held-out sums, and
 whether the policy's own answers could teach it: `--samples` answers per sum drawn at
@@ -28,6 +33,7 @@ temperature 1.0 right after the tool's result, and how many sums have a right on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -59,7 +65,7 @@ from memory import store
 from reports.intervals import paired_difference, wilson
 from reports.table import text_table
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
-from serving.server import VllmServer
+from serving.server import ServerSettings, VllmServer, side_by_side
 
 SERVER_KEY, USER_KEY = "bench-server-key", "bench-user-key"
 
@@ -73,6 +79,10 @@ def main() -> None:
     parser.add_argument(
         "--policy", choices=("smollm2", *REVIEWERS), default="smollm2", help="the agent's model"
     )
+    parser.add_argument(
+        "--reviewer", choices=tuple(REVIEWERS), default=None,
+        help="a reviewer served beside the policy: its verified answers where the policy has none",
+    )  # fmt: skip
     parser.add_argument(
         "--base-only", action="store_true", help="the base model on the held-out sums alone: "
         "a screen of policies (no traffic, no rounds)",
@@ -128,19 +138,33 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                      round(after["called_share"] * n), n, "policy"),
         Figure.single("captured sessions", results["traffic"]["sessions"]),
         Figure.single("groups with a reward spread (trainable share)", signal["trainable_share"]),
+        Figure.single("the reviewer's verified answers in them", signal.get("reviewer_answers", 0),
+                      counts="reviewer"),
         Figure.single("wall time", results["wall_seconds"], "s"),
     ]  # fmt: skip
 
 
-def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+def _model(name: str) -> Path:
     models = ROOT / ".flywheel" / "models"
-    if args.policy == "smollm2":
-        model = prepare_smollm2(models)
-    else:
-        model = prepare_parted(REVIEWERS[args.policy], models)
-    settings = server_settings(model, scratch / "vllm.log", weights="lora", api_key=SERVER_KEY)
+    return prepare_smollm2(models) if name == "smollm2" else prepare_parted(REVIEWERS[name], models)
+
+
+def _servers(args: argparse.Namespace, scratch: Path) -> list[ServerSettings]:
+    """The policy's server (LoRA), and the reviewer's beside it, each on cores of its own."""
+    policy = server_settings(_model(args.policy), scratch / "vllm.log", weights="lora",
+                             api_key=SERVER_KEY)  # fmt: skip
+    if args.reviewer is None:
+        return [policy]
+    reviewer = server_settings(_model(args.reviewer), scratch / "reviewer.log", api_key=SERVER_KEY)
+    return list(side_by_side(policy, reviewer))
+
+
+def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    settings, *beside = _servers(args, scratch)
+    model = settings.model_path
     started = time.monotonic()
-    with VllmServer(settings) as server:
+    with VllmServer(settings) as server, contextlib.ExitStack() as stack:
+        reviewer = [stack.enter_context(VllmServer(s)) for s in beside]
         direct = OpenAI(base_url=f"{server.url}/v1", api_key=SERVER_KEY)
         before = _held_out(direct, model.name, args)
         if args.base_only:
@@ -148,7 +172,8 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
             seconds = time.monotonic() - started
             return {"policy": args.policy, "before": _summary(before), "samples": args.samples,
                     "after_the_tool": right, "wall_seconds": seconds}  # fmt: skip
-        served, gateway, db = _serve(args, server.url, model, scratch)
+        judge = [(r.url, r.settings.served_name) for r in reviewer]
+        served, gateway, db = _serve(args, (server.url, *judge), model, scratch)
         try:
             client = OpenAI(base_url=f"{gateway}/v1", api_key=USER_KEY)
             traffic = _traffic(client, gateway, args, served)
@@ -159,6 +184,7 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     difference = paired_difference(after["solved"], before["solved"])
     return {
         "policy": args.policy,
+        "reviewer": args.reviewer,
         "route": args.route,
         "wall_seconds": time.monotonic() - started,
         "before": _summary(before),
@@ -176,10 +202,17 @@ def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
 
 
 def _serve(
-    args: argparse.Namespace, server_url: str, model: Path, scratch: Path
+    args: argparse.Namespace, servers: tuple[Any, ...], model: Path, scratch: Path
 ) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`flywheel serve` on the policy's server (`servers[0]`), with the reviewer's answers
+    where a reviewer (`servers[1]`: its URL and model name) is given."""
     port, db = free_port(), f"sqlite:///{scratch / 'agent.db'}"
+    server_url, *reviewer = servers
     route = ["--evaluation", "examples.agent:evaluate"] if args.route == "evaluation" else []
+    if reviewer:
+        url, name = reviewer[0]
+        route += ["--revise", "1", "--revisions", "2", "--reviewer-url", url,
+                  "--reviewer-model", name]  # fmt: skip
     command = [
         *FLYWHEEL, "serve", "--server-url", server_url,
         "--model", str(model), "--db", db, "--workdir", str(scratch), "--source", "captured",
@@ -312,6 +345,7 @@ def _signal(db: str) -> dict[str, Any]:
         "trainable_share": len(spread) / len(groups) if groups else None,
         "mean_abs_advantage": statistics.fmean(mass) if mass else None,
         "groups_without_siblings": 0,  # each task was met once: no group forms without them
+        "reviewer_answers": sum(a.kind == "revision" for g in groups for a in g.attempts),
     }
 
 
@@ -371,7 +405,8 @@ def print_table(results: dict[str, Any]) -> None:
     )
     print(
         f"learning signal: {found['groups']} groups (0 without siblings), trainable share "
-        f"{found['trainable_share']}, mean |advantage| {found['mean_abs_advantage']}"
+        f"{found['trainable_share']}, mean |advantage| {found['mean_abs_advantage']}, "
+        f"{found.get('reviewer_answers', 0)} of the reviewer's answers"
     )
     for r in results["rounds"]:
         decision = "promoted" if r["promoted"] else "not promoted"

@@ -333,7 +333,7 @@ def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
     saving leaves them: truncated weights (step 4) and a torn `trainer_state.json` (step 6). The
     resumed round passes over both, resumes from the whole save, publishes a complete adapter."""
     from memory import folders
-    from tests.conftest import make_group
+    from tests.helpers import make_group
     from trainer.round import PolicyGradientTrainer, RoundResult, train_round
     from trainer.settings import TrainSettings
 

@@ -22,7 +22,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from tests.conftest import make_group
+from tests.helpers import make_group
 from trainer import round as training
 from trainer.settings import TrainSettings
 

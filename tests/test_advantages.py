@@ -5,8 +5,7 @@ import random
 import pytest
 
 from memory.records import Attempt, Group, Sample
-from tests.conftest import make_group
-from tests.helpers import with_attempts
+from tests.helpers import make_group, with_attempts
 from trainer.advantages import grpo_advantages, mean_advantages, r3l_advantages
 from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts, positive_ratio_filter
 from trainer.settings import TrainSettings

@@ -110,7 +110,7 @@ def test_a_streaming_tool_agent_is_stored_token_exactly_and_its_next_version_ans
     from agents.policy import SERVER_KEY_ENV
     from examples.agent import converse, tasks
     from memory.sessions import episodes, session_turns
-    from tests.conftest import tiny_vllm
+    from tests.helpers import tiny_vllm
 
     with tiny_vllm(smollm2_path, tmp_path, api_key="server-key") as server:
         judged = ["--evaluation", "tests.evaluations:served_by_name", "--held-out-share", "0"]

@@ -17,13 +17,13 @@ import pytest
 
 from bench import chaos
 from bench.faults import FaultProxy, Faults
-from tests.conftest import SERVER_PYTHON, _require, free_port
+from tests.helpers import SERVER_PYTHON, free_port, require
 
 
 @pytest.fixture(scope="module")
 def own_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     if not SERVER_PYTHON.is_file():
-        _require("FLYWHEEL_REQUIRE_VLLM", "no model server environment (run `make setup`)")
+        require("FLYWHEEL_REQUIRE_VLLM", "no model server environment (run `make setup`)")
     log = tmp_path_factory.mktemp("chaos") / "vllm.log"
     with chaos.supervised_server(tiny_model_path, log, free_port()) as server:
         yield server

@@ -168,7 +168,7 @@ def serving(db: str) -> str:
 
 
 def test_a_gateway_that_cannot_be_reached_changes_nothing(tmp_path: Path, capsys) -> None:
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     db = seeded(tmp_path)
     gateway = f"http://127.0.0.1:{free_port()}"
@@ -211,7 +211,7 @@ def test_an_unwritable_export_fails_before_reading_anything(tmp_path: Path, caps
 def test_status_shows_serving_version_rounds_and_counts(tmp_path: Path, capsys) -> None:
     from memory import store
     from memory.records import PolicyVersion, Scorecard, TrainingRound
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     db = f"sqlite:///{tmp_path / 'status.db'}"
     assert main(["status", "--db", db]) == 0
@@ -275,7 +275,7 @@ def test_export_writes_the_rows_a_round_would_train_on(tmp_path: Path, capsys) -
     import json
 
     from memory import store
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     with store.transaction(store.open_store(db)) as session:
@@ -294,7 +294,7 @@ def test_an_export_onto_a_full_disk_is_one_line_and_keeps_the_last_good_file(
     tmp_path: Path, small_disk, capsys
 ) -> None:
     from memory import store
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     with store.transaction(store.open_store(db)) as session:
@@ -314,7 +314,7 @@ def test_export_segments_gives_each_attempt_its_masked_spans(tmp_path: Path, cap
     import json
 
     from memory import store
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     group = make_group([1.0, 0.0], completion_len=4)
@@ -338,7 +338,7 @@ def test_export_segments_gives_each_attempt_its_masked_spans(tmp_path: Path, cap
 
 def test_strategies_lists_success_rates(tmp_path: Path, capsys) -> None:
     from memory import store
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     group = make_group([1.0, 0.0, 1.0])
@@ -361,7 +361,7 @@ def test_lineage_names_the_rounds_groups_and_lessons_behind_a_version(
     from memory import library, store
     from memory.library import LibrarySettings
     from memory.records import LessonDraft, PolicyVersion, TrainingRound
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     db = f"sqlite:///{tmp_path / 'fw.db'}"
     with store.transaction(store.open_store(db)) as session:
@@ -394,7 +394,7 @@ def test_sandbox_names_the_isolation_in_use(capsys) -> None:
 def test_a_dead_model_server_ends_run_and_worker_with_one_line(tmp_path: Path, capsys) -> None:
     from memory import store, workqueue
     from memory.records import Batch, WorkItem
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     db = f"sqlite:///{tmp_path / 'dead.db'}"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from memory import folders
-from tests.conftest import make_group
+from tests.helpers import make_group
 from trainer import distributed
 from trainer.errors import TrainerError
 from trainer.settings import TrainSettings

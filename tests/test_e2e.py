@@ -19,7 +19,7 @@ from agents.settings import CollectSettings
 from cli.main import main
 from memory import folders, store
 from serving.adapters import ensure_loaded, load_adapter, loaded_models
-from tests.conftest import free_port, make_group
+from tests.helpers import free_port, make_group
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 from verifiers.reasoning import eval_tasks, train_tasks
@@ -193,7 +193,7 @@ def _fake_complete(tmp_path: Path) -> Path:
 def test_real_model_round_end_to_end(
     smollm2_path: Path, tmp_path: Path, prefect_server: None
 ) -> None:
-    from tests.conftest import SERVER_PYTHON
+    from tests.helpers import SERVER_PYTHON
 
     db, summary = run_once(
         tmp_path,
@@ -503,7 +503,7 @@ def test_a_reviewer_model_is_served_beside_the_policy(
     import shutil
 
     from serving.server import ensure_port_free
-    from tests.conftest import SERVER_PYTHON
+    from tests.helpers import SERVER_PYTHON
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("a reviewer beside the policy needs two cores, one for each server")

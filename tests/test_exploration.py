@@ -244,7 +244,7 @@ def test_no_insights_are_shown_once_the_batch_succeeds() -> None:
 
 
 def make_attempt(correct: bool):
-    from tests.conftest import make_group
+    from tests.helpers import make_group
 
     attempt = make_group([1.0 if correct else 0.0]).attempts[0]
     return attempt.model_copy(update={"correct": correct})
@@ -456,7 +456,7 @@ def test_library_lessons_replace_the_demo_in_the_guided_slots() -> None:
 
 
 def test_the_experience_gain_compares_lesson_slots_with_bare_ones() -> None:
-    from tests.conftest import make_group
+    from tests.helpers import make_group
     from workers.worker import experience_gain
 
     group = make_group([1.0, 1.0, 0.0, 1.0])

@@ -4,8 +4,7 @@ guidance found that bare attempts did not."""
 from __future__ import annotations
 
 from bench.explore import compare, guidance_found, solved_within, source
-from tests.conftest import make_group
-from tests.helpers import with_attempts
+from tests.helpers import make_group, with_attempts
 
 
 def test_sources_and_the_tasks_only_guidance_solved() -> None:

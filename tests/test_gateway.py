@@ -11,8 +11,7 @@ from memory import store
 from memory.records import PolicyVersion
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
-from tests.conftest import seed_promoted
-from tests.helpers import wait_until
+from tests.helpers import seed_promoted, wait_until
 
 USER, ADMIN = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
 

@@ -17,7 +17,7 @@ from memory import store
 from memory.records import PolicyVersion
 from serving.adapters import loaded_models
 from serving.gateway import GatewaySettings, create_app, running
-from tests.conftest import free_port, make_group, seed_promoted, tiny_vllm
+from tests.helpers import free_port, make_group, seed_promoted, tiny_vllm
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import isolated
+from tests.helpers import isolated
 from verifiers.humaneval import available, eval_tasks, train_tasks, verify
 from verifiers.sandbox import Isolation, Limits, best_isolation
 from verifiers.task import Task

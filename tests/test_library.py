@@ -12,7 +12,7 @@ from memory.library import LibrarySettings
 from memory.records import Attempt, Lesson, LessonDraft
 from memory.retrieval import Index
 from memory.store import open_store, save_group, transaction
-from tests.conftest import make_group
+from tests.helpers import make_group
 
 
 def tip(

@@ -6,7 +6,7 @@ import pytest
 
 from agents.outcome import OutcomeSettings, shape
 from memory import store
-from tests.conftest import make_group
+from tests.helpers import make_group
 
 
 def group_with_answers(rewards: list[float], answers: list[str]):

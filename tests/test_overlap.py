@@ -15,7 +15,7 @@ from flows.settings import RunSettings
 from memory import store
 from memory.records import PolicyVersion
 from serving import promotion
-from tests.conftest import make_group
+from tests.helpers import make_group
 from trainer.errors import TrainerError
 from trainer.round import RoundResult
 

@@ -39,8 +39,7 @@ from flows.flywheel import DRAIN
 from memory import store, workqueue
 from memory.models import RolloutGroupRow, WorkItemRow
 from memory.records import Batch
-from tests.conftest import free_port, make_group, pg_database
-from tests.helpers import wait_until
+from tests.helpers import free_port, make_group, pg_database, wait_until
 from verifiers.reasoning import train_tasks
 from workers import worker
 

@@ -20,7 +20,7 @@ from flows.settings import RunSettings, load_run_settings
 from memory import store
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
-from tests.conftest import seed_promoted
+from tests.helpers import seed_promoted
 from verifiers import reasoning
 from verifiers.answer import extract_answer
 

@@ -7,7 +7,7 @@ from memory import library, store
 from memory.library import LibrarySettings
 from memory.records import LessonDraft, PolicyVersion, TrainingRound
 from reports.report import build, format_table, write_html
-from tests.conftest import make_group
+from tests.helpers import make_group
 
 
 def seed(db_url: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import isolated
+from tests.helpers import isolated
 from verifiers.sandbox import (
     UID_BASE,
     UID_RANGE,

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from serving.server import ServerSettings, VllmServer
-from tests.conftest import SERVER_PYTHON, free_port
+from tests.helpers import SERVER_PYTHON, free_port
 
 pytestmark = pytest.mark.vllm
 

@@ -17,8 +17,7 @@ from memory.sessions import episode_groups, episodes, held_out_turns, session_tu
 from serving import capture, probe
 from serving.gateway import GatewaySettings, create_app
 from serving.promotion import Gate
-from tests.conftest import make_group, seed_promoted
-from tests.helpers import client_for, scripted
+from tests.helpers import client_for, make_group, scripted, seed_promoted
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
 

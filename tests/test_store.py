@@ -5,7 +5,7 @@ from memory import store
 from memory.errors import StoreError
 from memory.models import AttemptRow, RolloutGroupRow
 from memory.records import PolicyVersion, TrainingRound
-from tests.conftest import make_group
+from tests.helpers import make_group
 
 
 def test_groups_round_trip_with_tokens_and_logprobs(db_url: str) -> None:

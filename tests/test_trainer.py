@@ -6,7 +6,7 @@ import pytest
 
 from memory import folders
 from memory.errors import StoreError
-from tests.conftest import make_group
+from tests.helpers import make_group
 from trainer.errors import TrainerError
 from trainer.round import RoundResult, train_round
 from trainer.settings import TrainSettings

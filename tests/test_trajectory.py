@@ -15,7 +15,7 @@ from memory import database, ingest, store, trajectory
 from memory.models import ReflectionRow, VerdictRow
 from memory.records import Attempt, Group, GroupPlan, Sample, SamplingSettings
 from memory.store import open_store, transaction
-from tests.conftest import make_group
+from tests.helpers import make_group
 
 SAMPLING = SamplingSettings(temperature=1.0, max_tokens=16)
 

@@ -21,8 +21,7 @@ from memory.sessions import episode_groups
 from serving import promotion
 from serving.gateway import running
 from serving.ui import Page, add_ui
-from tests.conftest import _require, free_port, make_group
-from tests.helpers import ADMIN, seed_page
+from tests.helpers import ADMIN, free_port, make_group, require, seed_page
 from trainer.dataset import build_rows
 from trainer.settings import TrainSettings
 
@@ -36,7 +35,7 @@ def browser() -> Iterator[Any]:
     driver_path = shutil.which("chromedriver")
     if not (chromium and driver_path):
         missing = "no Chromium and chromedriver (apt-get install chromium chromium-driver)"
-        _require("FLYWHEEL_REQUIRE_BROWSER", missing)
+        require("FLYWHEEL_REQUIRE_BROWSER", missing)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

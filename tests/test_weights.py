@@ -20,7 +20,7 @@ from bench import chaos
 from memory import folders
 from serving import weights
 from serving.errors import ServingError
-from tests.conftest import tiny_vllm
+from tests.helpers import tiny_vllm
 from trainer.merge import merge_version
 
 pytestmark = pytest.mark.vllm
@@ -174,7 +174,7 @@ def test_a_round_with_merged_weights_through_the_cli(
     is swapped to it for the held-out evaluation, and the version the gate chose serves after."""
     from cli.main import main
     from memory import store
-    from tests.conftest import make_group
+    from tests.helpers import make_group
     from verifiers.reasoning import eval_tasks, train_tasks
 
     db = f"sqlite:///{tmp_path / 'merged.db'}"

@@ -274,7 +274,7 @@ def test_a_worker_that_fails_gives_its_claims_back_at_once(tmp_path, monkeypatch
 def test_a_group_from_a_merged_server_is_recorded_under_its_version() -> None:
     """A merged-weights server answers under its one model name: the group and the policy's
     attempts take the version's name; a reviewer's reflection keeps its own."""
-    from tests.conftest import make_group
+    from tests.helpers import make_group
     from workers.worker import _as_version
 
     group = make_group([1.0, 0.0]).model_copy(update={"policy_version": "base"})

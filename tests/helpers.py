@@ -3,7 +3,9 @@ group collected from one, a `flywheel serve` process, and a wait on a condition.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -325,3 +327,59 @@ def seed_page(engine: Any) -> None:
                 }
                 group = group.model_copy(update=turn_of)
                 store.save_group(session, group)
+
+
+def run_once(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    """One `flywheel run` round into a fresh database; returns its URL and the summary."""
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    summary_path = tmp_path / "summary.json"
+    if "--server-url" in args:  # the session's server serves LoRA versions
+        args = (*args, "--weights", "lora")
+    from cli.main import main
+
+    code = main(
+        [
+            "run",
+            "--rounds",
+            "1",
+            "--db",
+            db,
+            "--workdir",
+            str(tmp_path),
+            "--summary-json",
+            str(summary_path),
+            *args,
+        ]
+    )
+    assert code == 0
+    return db, json.loads(summary_path.read_text())
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium under Selenium (Debian's `chromium` and `chromium-driver`); a skip
+    without them, a failure where CI requires a browser (FLYWHEEL_REQUIRE_BROWSER)."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (binary and driver_path):
+        missing = "no Chromium and chromedriver (apt-get install chromium chromium-driver)"
+        require("FLYWHEEL_REQUIRE_BROWSER", missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                 "--window-size=1280,1400"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def browser_here() -> bool:
+    """Whether a browser test can run here, or must (CI)."""
+    return bool(shutil.which("chromedriver") or os.environ.get("FLYWHEEL_REQUIRE_BROWSER"))

@@ -6,8 +6,8 @@ versioned name. The real SmolLM2 model (marker `slow`) runs one whole round thro
 starting its own server.
 """
 
-import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -19,7 +19,7 @@ from agents.settings import CollectSettings
 from cli.main import main
 from memory import folders, store
 from serving.adapters import ensure_loaded, load_adapter, loaded_models
-from tests.helpers import free_port, make_group
+from tests.helpers import ADMIN, browser_here, chromium, free_port, make_group, run_once
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 from verifiers.reasoning import eval_tasks, train_tasks
@@ -154,30 +154,6 @@ def test_overlapped_rounds_collect_the_next_round_while_one_trains(
         assert record.metrics.stale_groups == stale and record.metrics.dropped_groups == 0
 
 
-def run_once(tmp_path: Path, *args: str) -> tuple[str, dict]:
-    """One `flywheel run` round into a fresh database; returns its URL and the summary."""
-    db = f"sqlite:///{tmp_path / 'fw.db'}"
-    summary_path = tmp_path / "summary.json"
-    if "--server-url" in args:  # the session's server serves LoRA versions
-        args = (*args, "--weights", "lora")
-    code = main(
-        [
-            "run",
-            "--rounds",
-            "1",
-            "--db",
-            db,
-            "--workdir",
-            str(tmp_path),
-            "--summary-json",
-            str(summary_path),
-            *args,
-        ]
-    )
-    assert code == 0
-    return db, json.loads(summary_path.read_text())
-
-
 def tiny_server_model(url: str) -> str:
     return httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
 
@@ -214,6 +190,30 @@ def test_real_model_round_end_to_end(
         evals = store.load_groups(session, "eval", policy_version=version.name)
     assert version.eval_pass_at_1 == round_["eval_pass_at_1"]
     assert len(evals) == 16 and all(g.attempts[0].sample for g in evals)
+    if browser_here():  # the page on the store this real round wrote (CI requires a browser)
+        page_shows_the_round(engine, version.name, round_["promoted"])
+
+
+def page_shows_the_round(engine: Any, name: str, promoted: bool) -> None:
+    """The page, in a browser, on a store a real round wrote: the round's version among the
+    versions (serving if promoted), its row among the rounds, and its groups explored."""
+    from fastapi import FastAPI
+    from selenium.webdriver.common.by import By
+
+    from serving import promotion
+    from serving.gateway import running
+    from serving.ui import Page, add_ui
+
+    app = FastAPI()
+    add_ui(app, Page(engine, frozenset({ADMIN}), promotion.Gate()))
+    with chromium() as browser, running(app, port=free_port()) as url:
+        browser.get(f"{url}/ui/login?token={ADMIN}")
+        assert name in browser.find_element(By.ID, "versions").text
+        assert (browser.find_element(By.ID, "serving").text == name) == promoted
+        browser.get(f"{url}/ui/rounds")
+        assert name in browser.find_element(By.ID, "rounds").text
+        browser.get(f"{url}/ui/exploration")
+        assert "1" in browser.find_element(By.ID, "exploration").text  # round 1's tasks
 
 
 def test_guided_half_groups_and_reflect_retry_through_the_cli(

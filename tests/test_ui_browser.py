@@ -7,7 +7,6 @@ where no browser is installed; CI installs one and requires it (FLYWHEEL_REQUIRE
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from memory.sessions import episode_groups
 from serving import promotion
 from serving.gateway import running
 from serving.ui import Page, add_ui
-from tests.helpers import ADMIN, free_port, make_group, require, seed_page
+from tests.helpers import ADMIN, chromium, free_port, make_group, seed_page
 from trainer.dataset import build_rows
 from trainer.settings import TrainSettings
 
@@ -31,25 +30,8 @@ ARTIFACTS = Path(os.environ.get("FLYWHEEL_TEST_ARTIFACTS", ROOT / ".flywheel/tes
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not (chromium and driver_path):
-        missing = "no Chromium and chromedriver (apt-get install chromium chromium-driver)"
-        require("FLYWHEEL_REQUIRE_BROWSER", missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                 "--window-size=1280,1400"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def said(browser: Any) -> str:

@@ -15,14 +15,13 @@
 from __future__ import annotations
 
 from agents.context import Messages
-from agents.policy import PolicyClient
+from agents.policy import Endpoint
 from memory.records import Sample, SamplingSettings
 
 
-async def sample(
-    client: PolicyClient, model: str, messages: Messages, sampling: SamplingSettings
-) -> Sample:
+async def sample(policy: Endpoint, messages: Messages, sampling: SamplingSettings) -> Sample:
     """One sample of `messages`: annealed when `sampling` has a schedule, else one request."""
+    client, model = policy.client, policy.model
     if sampling.annealing is None:
         return await client.sample(model, messages, sampling)
     (start, end, temperature), *later = sampling.annealing.spans(sampling.max_tokens)

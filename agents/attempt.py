@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from agents import annealing
 from agents.context import Messages
 from agents.errors import PolicyError
-from agents.policy import Endpoint, PolicyClient
+from agents.policy import Endpoint
 from memory.records import Attempt, AttemptKind, SamplingSettings
 from verifiers.catalog import averify
 from verifiers.errors import TaskFault
@@ -60,7 +60,7 @@ async def attempt_task(
     base = {"sample_index": index, "policy_version": policy.model, "messages": messages}
     base |= conditioning.fields(kind)
     try:
-        sample = await annealing.sample(policy.client, policy.model, messages, sampling)
+        sample = await annealing.sample(policy, messages, sampling)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, sampling=sampling)
     try:
@@ -81,14 +81,14 @@ async def attempt_task(
 
 
 async def bare_prompt_ids(
-    attempts: list[Attempt], client: PolicyClient, model: str, bare: Messages
+    attempts: list[Attempt], policy: Endpoint, bare: Messages
 ) -> list[int] | None:
     """The bare prompt's ids: from an unguided sample, else /tokenize; None if that fails."""
     ids = next((a.sample.prompt_token_ids for a in attempts if a.sample and not a.guided), None)
     if ids is not None:
         return ids
     try:
-        return await client.tokenize(model, bare)
+        return await policy.client.tokenize(policy.model, bare)
     except PolicyError as exc:
         log.warning("no bare prompt ids; guided attempts will not be distilled: %s", exc)
         return None

@@ -33,7 +33,7 @@ from agents.context import Messages, bare_messages
 from agents.errors import ServerUnavailable
 from agents.insight import InsightBoard, sequential_attempts
 from agents.nudge import nudge
-from agents.policy import Endpoint, PolicyClient
+from agents.policy import Endpoint
 from agents.reflection import reflect_and_retry
 from agents.revision import revise
 from agents.settings import CollectSettings
@@ -150,18 +150,18 @@ async def collect_group(
     board: InsightBoard | None = None,
     reviewer: Endpoint | None = None,
 ) -> Group:
-    settings, (client, model) = spec.settings, (policy.client, policy.model)
+    settings = spec.settings
     bare = bare_messages(task, settings.system(task))
     reviewer = reviewer or policy
     if board is None:
         size = settings.group_size
         reflect = settings.strategy.enabled and settings.strategy.reflect and size > 1
         half = (size + 1) // 2 if reflect else size
-        attempts = await wave(client, task, model, settings, limiter, range(half), [])
-        attempts += await wave(client, task, model, settings, limiter, range(half, size), attempts)
+        attempts = await wave(policy, task, settings, limiter, range(half), [])
+        attempts += await wave(policy, task, settings, limiter, range(half, size), attempts)
     else:
         attempts = await sequential_attempts(policy, reviewer, task, settings, limiter, board)
-    attempts = await _with_bare_ids(attempts, client, model, bare)
+    attempts = await _with_bare_ids(attempts, policy, bare)
     if settings.retry.enabled:
         attempts += await reflect_and_retry(policy, reviewer, task, attempts, settings, limiter)
     if settings.nudge and not is_episodic(task.taskset):
@@ -174,19 +174,19 @@ async def collect_group(
         task_id=task.task_id,
         taskset=task.taskset,
         question=task.question,
-        policy_version=model,
+        policy_version=policy.model,
         size=settings.group_size,
         attempts=attempts,
     )
 
 
 async def _with_bare_ids(
-    attempts: list[Attempt], client: PolicyClient, model: str, bare: Messages
+    attempts: list[Attempt], policy: Endpoint, bare: Messages
 ) -> list[Attempt]:
     """Give guided attempts the bare prompt's ids, so training can distil them."""
     if not any(a.guided for a in attempts):
         return attempts
-    ids = await bare_prompt_ids(attempts, client, model, bare)
+    ids = await bare_prompt_ids(attempts, policy, bare)
     if ids is None:
         return attempts
     return [

@@ -78,22 +78,20 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
 
 
 async def run_episode(
-    client: PolicyClient,
-    env: Environment,
-    model: str,
-    sampling: SamplingSettings,
-    index: int,
+    policy: Endpoint, env: Environment, sampling: SamplingSettings, index: int
 ) -> Attempt:
-    base = {"sample_index": index, "kind": "base", "policy_version": model, "sampling": sampling}
+    base = {
+        "sample_index": index, "kind": "base", "policy_version": policy.model, "sampling": sampling
+    }  # fmt: skip
     try:
         messages = await _opening(env)
     except TaskFault as fault:
         return Attempt.faulted(str(fault), **base, messages=[])
     try:
-        prompt = await client.tokenize(model, messages)
+        prompt = await policy.client.tokenize(policy.model, messages)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, messages=messages)
-    return await _play(Endpoint(client, model), env, sampling, base, prompt, messages, _Trace())
+    return await _play(policy, env, sampling, base, prompt, messages, _Trace())
 
 
 async def retry_episode(
@@ -234,7 +232,7 @@ async def _played(
             reason = "turn cut at the token limit"
             break
         try:
-            reply = await _reply_ids(client, model, messages, list(observation.messages))
+            reply = await _reply_ids(policy, messages, list(observation.messages))
         except PolicyError as exc:
             return Attempt.failed(str(exc), **base, messages=messages)
         if turn.completion_token_ids and reply and turn.completion_token_ids[-1] == reply[0]:
@@ -329,13 +327,10 @@ def _turn_position(messages: list[dict[str, Any]], turn: int) -> int:
 
 
 async def _reply_ids(
-    client: PolicyClient,
-    model: str,
-    transcript: list[dict[str, Any]],
-    replies: list[dict[str, Any]],
+    policy: Endpoint, transcript: list[dict[str, Any]], replies: list[dict[str, Any]]
 ) -> list[int]:
     """The ids that follow an assistant turn: its end marker, the replies, a new turn's start."""
-    flat = [_plain(m) for m in transcript]
+    client, model, flat = policy.client, policy.model, [_plain(m) for m in transcript]
     open_turn = await client.tokenize_open_turn(model, flat)
     full = await client.tokenize(model, flat + [_plain(m) for m in replies])
     if full[: len(open_turn)] != open_turn:

@@ -143,20 +143,17 @@ async def sequential_attempts(
     board: InsightBoard,
 ) -> list[Attempt]:
     """RLTLDR: attempts one after another, each failure judged into an insight for the board."""
-    client, model = policy.client, policy.model
     attempts: list[Attempt] = []
     judged: list[Attempt] = []
     for index in range(settings.group_size):
         async with limiter:
-            attempt = await first_attempt(
-                client, task, model, settings, index, board.conditioning()
-            )
+            attempt = await first_attempt(policy, task, settings, index, board.conditioning())
         board.record(attempt)
         attempts.append(attempt)
         if attempt.sample is None or attempt.reward >= FULL_REWARD:
             continue
         bare = bare_messages(task, settings.system(task))
-        bare_ids = await bare_prompt_ids(attempts, client, model, bare)
+        bare_ids = await bare_prompt_ids(attempts, policy, bare)
         if bare_ids is None:
             continue
         async with limiter:

@@ -76,7 +76,7 @@ async def nudge(
         reason="hint", guidance=hint, generated_tokens=tokens,
     )  # fmt: skip
     nudged = await _sample(policy, task, hint, settings, limiter)
-    ids = await bare_prompt_ids(attempts, policy.client, policy.model, bare)
+    ids = await bare_prompt_ids(attempts, policy, bare)
     return [note, *(a.model_copy(update={"bare_prompt_token_ids": ids}) for a in nudged)]
 
 

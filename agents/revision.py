@@ -188,7 +188,7 @@ async def as_policy_sample(
     the template's end-of-turn token (the one the policy stops on); None when the server's
     renderings do not extend each other (the revision is then kept for the record, not
     trained)."""
-    prompt = await bare_prompt_ids(attempts, policy.client, policy.model, bare)
+    prompt = await bare_prompt_ids(attempts, policy, bare)
     if prompt is None:
         return None
     turn = [*bare, {"role": "assistant", "content": text}]

@@ -25,7 +25,7 @@ from agents.context import (
 )
 from agents.episode import run_episode
 from agents.errors import PolicyError
-from agents.policy import Endpoint, PolicyClient
+from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from agents.strategy import Prompt, reflection_note, strategy_attempt
 from memory.records import Attempt, SamplingSettings
@@ -64,15 +64,15 @@ def conditioning(
 
 
 async def first_attempt(
-    client: PolicyClient,
+    policy: Endpoint,
     task: Task,
-    model: str,
     settings: CollectSettings,
     index: int,
     insights: list[str] | None = None,
     earlier: list[Attempt] | None = None,
 ) -> Attempt:
     """Slot `index`, sampled plainly or strategy first (SGE)."""
+    client, model = policy.client, policy.model
     sampling = SamplingSettings(
         temperature=settings.temperature,
         max_tokens=settings.max_tokens,
@@ -84,10 +84,10 @@ async def first_attempt(
         except TaskFault as fault:
             base = {"sample_index": index, "policy_version": model, "messages": []}
             return Attempt.faulted(str(fault), **base, sampling=sampling)
-        return await run_episode(client, env, model, sampling, index)
+        return await run_episode(policy, env, sampling, index)
     messages, held = conditioning(task, settings, index, insights, earlier)
     if not settings.strategy.enabled:
-        return await attempt_task(Endpoint(client, model), task, messages, sampling, index, held)
+        return await attempt_task(policy, task, messages, sampling, index, held)
     try:
         prompt_ids = await client.tokenize(model, messages)
     except PolicyError as exc:
@@ -98,14 +98,13 @@ async def first_attempt(
         max_tokens=settings.max_tokens,
         strategy_temperature=settings.strategy.temperature(index, settings.group_size),
     )
-    policy, prompt = Endpoint(client, model), Prompt(messages, prompt_ids)
+    prompt = Prompt(messages, prompt_ids)
     return await strategy_attempt(policy, task, prompt, index, sampling, settings.strategy, held)
 
 
 async def wave(
-    client: PolicyClient,
+    policy: Endpoint,
     task: Task,
-    model: str,
     settings: CollectSettings,
     limiter: anyio.CapacityLimiter,
     indices: range,
@@ -116,9 +115,7 @@ async def wave(
 
     async def run_attempt(index: int) -> None:
         async with limiter:
-            attempts_W[index] = await first_attempt(
-                client, task, model, settings, index, earlier=earlier
-            )
+            attempts_W[index] = await first_attempt(policy, task, settings, index, earlier=earlier)
 
     async with anyio.create_task_group() as tg:
         for index in indices:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from agents import annealing
-from agents.policy import PolicyClient
+from agents.policy import Endpoint, PolicyClient
 from agents.settings import AnnealSettings, CollectSettings
 from flows.settings import RunSettings
 from memory.records import Annealing, SamplingSettings
@@ -112,7 +112,7 @@ def test_an_annealed_sample_on_a_real_server_spends_its_budget_in_spans(
     async def main():
         client = PolicyClient(tiny_server)
         try:
-            return await annealing.sample(client, model, messages, sampling)
+            return await annealing.sample(Endpoint(client, model), messages, sampling)
         finally:
             await client.aclose()
 

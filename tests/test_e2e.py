@@ -401,7 +401,7 @@ def test_episode_replies_are_token_exact_on_the_real_chat_template(
             said = await client.tokenize_text(model, "<guess>50</guess>")
             transcript = [*opening, {"role": "assistant", "content": "<guess>50</guess>"}]
             reply = await _reply_ids(
-                client, model, transcript, [{"role": "user", "content": "higher"}]
+                Endpoint(client, model), transcript, [{"role": "user", "content": "higher"}]
             )
             full = await client.tokenize(
                 model, [*transcript, {"role": "user", "content": "higher"}]

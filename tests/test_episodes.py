@@ -11,6 +11,7 @@ import anyio
 import httpx
 
 from agents.episode import parse_tool_calls, run_episode
+from agents.policy import Endpoint
 from memory.records import SamplingSettings
 from tests.helpers import client_for
 from verifiers.guessing import GuessingGame
@@ -61,7 +62,7 @@ def scripted_agent(turns: list[str], seen: list[dict]):
 def play(env, turns: list[str]):
     seen: list[dict] = []
     client = client_for(scripted_agent(turns, seen))
-    attempt = anyio.run(run_episode, client, env, "m", SAMPLING, 0)
+    attempt = anyio.run(run_episode, Endpoint(client, "m"), env, SAMPLING, 0)
     return attempt, seen
 
 
@@ -181,7 +182,9 @@ def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_tur
                                          "model": "m", "choices": [choice]})  # fmt: skip
 
     client = client_for(handler)
-    parent = anyio.run(run_episode, client, GuessingGame(seed=int(task.answer)), "m", SAMPLING, 0)
+    parent = anyio.run(
+        run_episode, Endpoint(client, "m"), GuessingGame(seed=int(task.answer)), SAMPLING, 0
+    )
     assert parent.reward == 0.0 and "invalid" in parent.reason
     policy = Endpoint(client, "m")
     settings = CollectSettings(temperature=SAMPLING.temperature, max_tokens=SAMPLING.max_tokens)

@@ -17,8 +17,9 @@ from.
    would.
 4. Siblings are sampled at the session's temperature (1.0 where it was greedy, which would
    repeat the answer) and stored as sessions of the same task tied to it (`sibling_of`), so
-   `flywheel lineage` and `forget` reach them. A server that fails raises, and the siblings of
-   that session are not stored.
+   `flywheel lineage` and `forget` reach them. Up to 16 sessions are served at once (one
+   sibling after another within each). A server that fails raises, and the siblings of the
+   sessions not yet done are not stored.
 5. With HeRL on (`--revise 1`) and a reviewer, a verified session none of whose answers (its
    own, its siblings') was right gets the reviewer's answer at that turn: the reviewer reads
    the transcript as text (the tools' results included) and writes the assistant's reply, up to
@@ -36,6 +37,8 @@ import json
 import logging
 from typing import Any
 
+import anyio
+
 from agents.policy import Endpoint, PolicyClient
 from flows.settings import RunSettings
 from flows.stages import reviewer_endpoint
@@ -46,6 +49,7 @@ from verifiers.catalog import averify
 from verifiers.errors import TaskFault
 
 log = logging.getLogger(__name__)
+SESSIONS_AT_ONCE = 16  # sessions whose siblings are sampled at once (the server batches them)
 REVIEW = (
     "Below is a conversation between a user and an assistant that calls tools, with each "
     "tool's result. Write the assistant's next reply to the user, following the system "
@@ -74,27 +78,49 @@ async def grow_with(
     with store.transaction(db) as session:
         lone = sessions.lone_sessions(session)
     grown = 0
-    for sid, turns in lone.items():
+    limiter = anyio.CapacityLimiter(SESSIONS_AT_ONCE)
+
+    async def one(sid: str, turns: list[Group]) -> None:
+        nonlocal grown
         reference = _reference(turns, settings)
         if reference is None and not _judged(turns, settings):
-            continue
-        drawn = [await _sibling(policy, turns) for _ in range(settings.collect.group_size - 1)]
-        scores = []
-        if reference is not None:
-            scores = [await _verified(settings, turns, answer, reference) for _, answer in drawn]
-            if reviewer is not None and not _any_right(turns, scores):
-                revised = await _reviewed(settings, (policy, reviewer), turns, reference)
-                if revised is not None:
-                    drawn.append(revised[0])
-                    scores.append(revised[1])
+            return
+        async with limiter:
+            drawn, scores = await _siblings(settings, (policy, reviewer), turns, reference)
         with store.transaction(db) as session:
             names = sessions.add_siblings(session, sid, [episode for episode, _ in drawn])
             for name, (score, reason) in zip(names, scores, strict=False):
                 store.record_session_feedback(session, name, score, reason, reference)
         grown += len(names)
+
+    try:
+        async with anyio.create_task_group() as group:
+            for sid, turns in lone.items():
+                group.start_soon(one, sid, turns)
+    except* Exception as failed:  # a server that failed: its own error, not a group of them
+        raise failed.exceptions[0] from None
     if grown:
         log.info("%d siblings sampled for %d lone sessions", grown, len(lone))
     return grown
+
+
+async def _siblings(
+    settings: RunSettings, endpoints: tuple[Endpoint, Endpoint | None], turns: list[Group],
+    reference: str | None,
+) -> tuple[list[tuple[Attempt, str]], list[tuple[float, str]]]:  # fmt: skip
+    """A session's siblings (one after another, so each is its own draw), scored against
+    `reference` where there is one, with the reviewer's answer where none was right."""
+    policy, reviewer = endpoints
+    drawn = [await _sibling(policy, turns) for _ in range(settings.collect.group_size - 1)]
+    if reference is None:
+        return drawn, []
+    scores = [await _verified(settings, turns, answer, reference) for _, answer in drawn]
+    if reviewer is not None and not _any_right(turns, scores):
+        revised = await _reviewed(settings, (policy, reviewer), turns, reference)
+        if revised is not None:
+            drawn.append(revised[0])
+            scores.append(revised[1])
+    return drawn, scores
 
 
 def _any_right(turns: list[Group], scores: list[tuple[float, str]]) -> bool:

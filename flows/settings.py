@@ -37,7 +37,7 @@ MOVED = {  # settings of 0.2 that moved into a table
     "nudge": "collect.nudge",
     "guard": "collect.guard",
     "library_k": "library.k",
-    "library": "library.enabled",  # a switch then, a table now
+    "library": "library.enabled",  # a switch then, a table now (the table is no move)
 }
 
 
@@ -194,9 +194,10 @@ def load_run_settings(
                 table = ".".join(parents[: depth + 1])
                 raise FlowError(f"setting {table}: expected a table of settings, not {node!r}")
         node[leaf] = value
-    moved = [old for old in MOVED if old in values]
-    if isinstance(values.get("library"), bool):
-        moved.append("library")
+    moved = [
+        old for old in MOVED
+        if old in values and not (old == "library" and isinstance(values[old], dict))
+    ]  # fmt: skip
     if moved:
         raise FlowError(f"setting {moved[0]}: moved to {MOVED[moved[0]]}")
     try:

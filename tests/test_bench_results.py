@@ -20,7 +20,7 @@ def test_the_committed_page_is_what_the_committed_files_give() -> None:
 def test_every_results_file_records_how_it_was_made() -> None:
     for result in load():
         made = result.provenance
-        assert made["command"].startswith(".venv/bin/python bench/"), result.path
+        assert result.command.startswith(".venv/bin/python -m bench."), result.path
         assert made["commit"] and made["date"] and made["machine"]["cores"], result.path
         assert result.figures, result.path
 

@@ -43,3 +43,13 @@ def test_bad_settings_name_the_setting(tmp_path: Path, text: str, message: str) 
     with pytest.raises(FlowError, match=message) as raised:
         load_run_settings(config, {})
     assert "\n" not in str(raised.value)
+
+
+def test_a_methods_switch_and_table_load_from_flags_and_file(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("[library]\nk = 2\n[collect.revise]\nrevisions = 3\n")
+    flags = {"library.enabled": 1, "collect.revise.enabled": 1, "collect.strategy.enabled": 0}
+    settings = load_run_settings(config, flags)
+    assert settings.library.enabled and settings.library.k == 2
+    assert settings.collect.revise.enabled and settings.collect.revise.revisions == 3
+    assert not settings.collect.strategy.enabled and settings.collect.group_size == 4

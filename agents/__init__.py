@@ -9,8 +9,9 @@ Public surface:
 - The methods, a module each: `agents.slots` (guided slots), `agents.strategy` (SGE),
   `agents.reflection` (R3L), `agents.insight` (RLTLDR), `agents.revision` (HeRL),
   `agents.nudge` (NudgeRL), `agents.annealing` (EAD), `agents.outcome` (outcome-based
-  exploration), `agents.ruler` (RULER's ranking of captured episodes), `agents.episode`
-  (multi-turn episodes).
+  exploration), `agents.ruler` (RULER's ranking of captured episodes), `agents.pairwise`
+  (the gate's blind comparison of two versions' replies), `agents.episode` (multi-turn
+  episodes).
 - `agents.watchdog`: deadlines and the stall watch; `agents.errors`: `AgentError`,
   `PolicyError` (an attempt's own failure), `ServerUnavailable` (never an answer).
 """

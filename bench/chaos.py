@@ -408,39 +408,9 @@ def lost_load_answer(url: str, model_path: Path, adapter: Path) -> Row:
     )
 
 
-def random_adapter(
-    model_path: Path,
-    root: Path,
-    name: str = "random",
-    std: float = 0.02,
-    modules: str | list[str] | None = None,
-) -> Path:
-    """A LoRA on the model with random weights (`std` sets how far it moves the model; rank 8 on
-    q/v by default, or rank 16 on `modules`), published as a complete checkpoint `root/name`."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from memory import folders
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_path)
-    config = (
-        LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
-        if modules is None
-        else LoraConfig(r=16, lora_alpha=32, target_modules=modules)
-    )
-    peft = get_peft_model(base, config)
-    for parameter_name, parameter in peft.named_parameters():
-        if "lora_B" in parameter_name:
-            torch.nn.init.normal_(parameter, std=std)
-    staging = folders.staging_dir(root, name)
-    peft.save_pretrained(staging)
-    return folders.publish(staging, root, name)
-
-
 def run_all(args: argparse.Namespace) -> list[Row]:
     from serving.model import prepare_smollm2, prepare_tiny_llama
+    from tests.helpers import random_adapter  # a LoRA of random weights
 
     models = ROOT / ".flywheel" / "models"
     model_path = prepare_tiny_llama(models, prepare_smollm2(models))

@@ -11,5 +11,7 @@ Public surface:
   alias, the upstream rotation).
 - `serving.promotion`: the evaluation gate, promote and rollback. `serving.capture`: traffic
   as trajectories. `serving.probe`: the 1-token generation probe.
+- `serving.access`: keys (the gateway's callers', the model servers' own); `serving.limits`:
+  body size and request rate per key; `serving.ui`: the page to watch and steer the loop.
 - `serving.errors`: `ServingError`, `UpstreamError`.
 """

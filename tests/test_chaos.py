@@ -17,7 +17,7 @@ import pytest
 
 from bench import chaos
 from bench.faults import FaultProxy, Faults
-from tests.helpers import SERVER_PYTHON, free_port, require
+from tests.helpers import SERVER_PYTHON, free_port, random_adapter, require
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_bursts_of_503_and_connection_resets_lose_nothing(
 def test_a_load_whose_answer_is_lost_is_reconciled_from_the_models_list(
     tiny_server: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    adapter = chaos.random_adapter(tiny_model_path, tmp_path / "adapters")
+    adapter = random_adapter(tiny_model_path, tmp_path / "adapters")
     row = chaos.lost_load_answer(tiny_server, tiny_model_path, adapter)
     assert (row.stored, row.duplicated) == (1, 0), row
     assert row.note.startswith("1 answer dropped")

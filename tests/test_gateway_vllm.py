@@ -12,12 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench import chaos
 from memory import store
 from memory.records import PolicyVersion
 from serving.adapters import loaded_models
 from serving.gateway import GatewaySettings, create_app, running
-from tests.helpers import free_port, make_group, seed_promoted, tiny_vllm
+from tests.helpers import free_port, make_group, random_adapter, seed_promoted, tiny_vllm
 from trainer.round import train_round
 from trainer.settings import TrainSettings
 
@@ -133,7 +132,7 @@ def test_hot_swap_under_load(tiny_server: str, tiny_model_path: Path, tmp_path: 
     root = tmp_path / "adapters"
     # Random weights strong enough to change the tiny model's greedy answer.
     torch.manual_seed(0)
-    good = chaos.random_adapter(tiny_model_path, root, "policy-r1-gw", std=1.0)
+    good = random_adapter(tiny_model_path, root, "policy-r1-gw", std=1.0)
     corrupt = corrupt_copies(good, root)
     engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     base = tiny_model_path.name
@@ -295,8 +294,8 @@ def test_a_swap_reaches_every_replica_or_none_moves_the_alias(
     LoRA ranks up to 8 only: a rank-16 version loads on one replica and not the other, and the
     alias stays; a rank-8 version loads on both, and the alias moves with no request dropped."""
     root = tmp_path / "adapters"
-    wide = chaos.random_adapter(tiny_model_path, root, "policy-r1-wide", modules=QV)  # rank 16
-    narrow = chaos.random_adapter(tiny_model_path, root, "policy-r2-narrow", std=1.0)  # rank 8
+    wide = random_adapter(tiny_model_path, root, "policy-r1-wide", modules=QV)  # rank 16
+    narrow = random_adapter(tiny_model_path, root, "policy-r2-narrow", std=1.0)  # rank 8
     engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     base = tiny_model_path.name
     seed_promoted(engine, base, 0.1)
@@ -338,9 +337,9 @@ def test_a_served_name_is_never_registered_again_with_other_weights(
     """Every registration is validated and confined, a served name's included: neither weights
     outside the checkpoint root nor another adapter can take a name already served."""
     root = tmp_path / "adapters"
-    first = chaos.random_adapter(tiny_model_path, root, "policy-r7-a", std=1.0)
-    other = chaos.random_adapter(tiny_model_path, root, "policy-r7-b", std=1.0)
-    outside = chaos.random_adapter(tiny_model_path, tmp_path / "elsewhere", "policy-r7-c", std=1.0)
+    first = random_adapter(tiny_model_path, root, "policy-r7-a", std=1.0)
+    other = random_adapter(tiny_model_path, root, "policy-r7-b", std=1.0)
+    outside = random_adapter(tiny_model_path, tmp_path / "elsewhere", "policy-r7-c", std=1.0)
     engine = store.open_store(f"sqlite:///{tmp_path / 'gw.db'}")
     seed_promoted(engine, tiny_model_path.name, 0.1)
     settings = keyed_settings([tiny_server], tiny_model_path, root)
@@ -401,7 +400,7 @@ def test_a_model_server_with_its_own_key_is_reached_only_through_the_flywheel(
                 await client.aclose()
 
         assert isinstance(anyio.run(sample), str)
-        adapter = chaos.random_adapter(tiny_model_path, tmp_path / "adapters", "policy-r1-key")
+        adapter = random_adapter(tiny_model_path, tmp_path / "adapters", "policy-r1-key")
         ensure_loaded(server.url, "policy-r1-key", adapter)
         engine = store.open_store(f"sqlite:///{tmp_path / 'key.db'}")
         seed_promoted(engine, tiny_model_path.name)

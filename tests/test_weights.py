@@ -16,11 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench import chaos
 from memory import folders
 from serving import weights
 from serving.errors import ServingError
-from tests.helpers import tiny_vllm
+from tests.helpers import random_adapter, tiny_vllm
 from trainer.merge import merge_version
 
 pytestmark = pytest.mark.vllm
@@ -33,7 +32,7 @@ def versions(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
     made = {}
     for index, name in enumerate(("v1", "v2")):
         torch.manual_seed(index)
-        adapter = chaos.random_adapter(tiny_model_path, root / "adapters", name, std=1.0)
+        adapter = random_adapter(tiny_model_path, root / "adapters", name, std=1.0)
         made[name] = merge_version(tiny_model_path, adapter, root / "merged", name)
         made[f"{name}-adapter"] = adapter
     return made

@@ -89,3 +89,15 @@ def test_nothing_imports_cli_or_bench() -> None:
     for package in set(ALLOWED) - {"cli"}:
         for path in (ROOT / package).rglob("*.py"):
             assert not imported_packages(path) & {"cli", "bench"}, path
+
+
+BENCH_TESTS = {"test_chaos.py", "test_bench_results.py"}  # and test_*_bench.py: bench's own
+
+
+def test_only_the_tests_of_bench_import_it() -> None:
+    """bench/ measures; nothing depends on it: a test that needs a helper finds it in
+    tests/helpers.py, and only bench's own tests import bench."""
+    importing = {
+        path.name for path in (ROOT / "tests").glob("*.py") if "bench" in imported_packages(path)
+    }
+    assert {n for n in importing if n not in BENCH_TESTS and not n.endswith("_bench.py")} == set()

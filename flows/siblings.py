@@ -26,7 +26,7 @@ from.
    `collect.revise.revisions` draws; the first the verifier passes against the session's
    reference is stored as one more sibling, of kind `revision` (the reviewer's work, not the
    policy's), its text in the policy's ids closed by the end-of-turn token the session's own
-   answer stopped on. Its group trains it as HeRL trains a revision, in place of a failed
+   turns stopped on. Its group trains it as HeRL trains a revision, in place of a failed
    answer (`trainer.dataset`). A policy that never answers a turn right (the agent's screen in
    docs/experiments.md) has nothing to learn from its own answers; this is what it learns from.
 """
@@ -138,7 +138,8 @@ async def _reviewed(
     policy, reviewer = endpoints
     last = turns[-1].attempts[0]
     assert last.sample is not None
-    if last.sample.finish_reason != "stop" or not last.sample.completion_token_ids:
+    end = _end_of_turn(turns)
+    if end is None:
         return None  # no end-of-turn token of the policy's own to close the answer with
     revise = settings.collect.revise
     asked = [{"role": "user", "content": f"{REVIEW}\n\n{transcript(last.messages)}"}]
@@ -153,7 +154,7 @@ async def _reviewed(
     else:
         return None
     ids = await policy.client.tokenize_text(policy.model, written.text)
-    completion = [*ids, last.sample.completion_token_ids[-1]]
+    completion = [*ids, end]
     sample = Sample(
         text=written.text, prompt_token_ids=last.sample.prompt_token_ids,
         completion_token_ids=completion, logprobs=[0.0] * len(completion), finish_reason="stop",
@@ -168,6 +169,15 @@ async def _reviewed(
     assert isinstance(episode, Attempt), episode
     reviewed = episode.model_copy(update={"policy_version": reviewer.model})  # whose answer
     return (reviewed, written.text), (score, f"the reviewer's answer, {reason}")
+
+
+def _end_of_turn(turns: list[Group]) -> int | None:
+    """The token the policy ended a turn of this session on (the last one that stopped)."""
+    for turn in reversed(turns):
+        sample = turn.attempts[0].sample
+        if sample is not None and sample.finish_reason == "stop" and sample.completion_token_ids:
+            return sample.completion_token_ids[-1]
+    return None
 
 
 def transcript(messages: list[dict[str, Any]]) -> str:

@@ -21,13 +21,14 @@ from.
    sibling after another within each). A server that fails raises, and the siblings of the
    sessions not yet done are not stored.
 5. With HeRL on (`--revise 1`) and a reviewer, a verified session none of whose answers (its
-   own, its siblings') was right gets the reviewer's answer at that turn: the reviewer reads
-   the transcript as text (the tools' results included) and writes the assistant's reply, up to
-   `collect.revise.revisions` draws; the first the verifier passes against the session's
-   reference is stored as one more sibling, of kind `revision` (the reviewer's work, not the
-   policy's), its text in the policy's ids closed by the end-of-turn token the session's own
-   turns stopped on. Its group trains it as HeRL trains a revision, in place of a failed
-   answer (`trainer.dataset`). A policy that never answers a turn right (the agent's screen in
+   own, its siblings') reached full reward gets the reviewer's answer at that turn: the
+   reviewer reads the transcript as text (the tools' results included) and writes the
+   assistant's reply, up to `collect.revise.revisions` draws (fewer once one reaches full
+   reward); the best, if the verifier scores it above every answer of the policy's, is stored
+   as one more sibling, of kind `revision` (the reviewer's work, not the policy's), its text
+   in the policy's ids closed by the end-of-turn token the session's own turns stopped on.
+   Its group trains it as HeRL trains a revision, in place of a failed answer
+   (`trainer.dataset`). A policy that never answers a turn right (the agent's screen in
    docs/experiments.md) has nothing to learn from its own answers; this is what it learns from.
 """
 
@@ -115,26 +116,23 @@ async def _siblings(
     if reference is None:
         return drawn, []
     scores = [await _verified(settings, turns, answer, reference) for _, answer in drawn]
-    if reviewer is not None and not _any_right(turns, scores):
-        revised = await _reviewed(settings, (policy, reviewer), turns, reference)
+    best = max([turns[-1].attempts[0].reward, *(score for score, _ in scores)])
+    if reviewer is not None and best < FULL_REWARD:
+        revised = await _reviewed(settings, (policy, reviewer), turns, (reference, best))
         if revised is not None:
             drawn.append(revised[0])
             scores.append(revised[1])
     return drawn, scores
 
 
-def _any_right(turns: list[Group], scores: list[tuple[float, str]]) -> bool:
-    own = turns[-1].attempts[0].reward
-    return max([own, *(score for score, _ in scores)]) >= FULL_REWARD
-
-
 async def _reviewed(
     settings: RunSettings, endpoints: tuple[Endpoint, Endpoint], turns: list[Group],
-    reference: str,
+    bar: tuple[str, float],
 ) -> tuple[tuple[Attempt, str], tuple[float, str]] | None:  # fmt: skip
-    """The reviewer's answer at the session's last turn, verified against `reference`, as an
-    episode of kind `revision` with its score; None when no draw passed, or the answer cannot
-    be put in the policy's ids."""
+    """The reviewer's best answer at the session's last turn, verified against the reference
+    of `bar`, as an episode of kind `revision` with its score; None when no draw scored above
+    the policy's best (the bar's score), or the answer cannot be put in the policy's ids."""
+    reference, best = bar
     policy, reviewer = endpoints
     last = turns[-1].attempts[0]
     assert last.sample is not None
@@ -146,13 +144,17 @@ async def _reviewed(
     sampling = SamplingSettings(
         temperature=revise.temperature, max_tokens=sessions.replay_tokens(last)
     )
+    chosen: tuple[Sample, float, str] | None = None
     for _ in range(revise.revisions):
         written = await reviewer.client.sample(reviewer.model, asked, sampling)
         score, reason = await _verified(settings, turns, written.text, reference)
+        if chosen is None or score > chosen[1]:
+            chosen = (written, score, reason)
         if score >= FULL_REWARD:
             break
-    else:
+    if chosen is None or chosen[1] <= best:
         return None
+    written, score, reason = chosen
     ids = await policy.client.tokenize_text(policy.model, written.text)
     completion = [*ids, end]
     sample = Sample(
@@ -161,7 +163,7 @@ async def _reviewed(
     )  # fmt: skip
     answer = last.model_copy(update={
         "sample": sample, "kind": "revision", "policy_version": reviewer.model, "reward": score,
-        "correct": True, "reason": UNRATED, "sampling": sampling, "improved": True,
+        "correct": score >= FULL_REWARD, "reason": UNRATED, "sampling": sampling, "improved": True,
         "parent_index": 0, "context": "revision",
         "generated_tokens": len(written.completion_token_ids),
     })  # fmt: skip

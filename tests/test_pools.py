@@ -208,7 +208,8 @@ def test_training_and_collection_overlap_and_training_runs_one_at_a_time(
         for index in range(2):
             group = make_group([1.0, 0.0, 1.0, 0.0], task_id=f"seeded-{index}")
             store.save_group(session, group.model_copy(update={"policy_version": base}))
-    enqueue(pg_url, (9, "train", tiny_model_path.name), 48, seed=9)  # the drain's batch
+    drain = Batch(round_index=9, purpose="train", policy_version=tiny_model_path.name)
+    enqueue(pg_url, drain, 48, seed=9)  # the drain's batch
     command = [
         sys.executable, "-m", "cli", "deploy", "--server-url", tiny_server,
         "--model", str(tiny_model_path), "--db", pg_url, "--workdir", str(tmp_path),

@@ -562,3 +562,45 @@ def test_no_reviewer_answer_where_the_policy_got_one_right(capturing) -> None:
     policy = Endpoint(client_for(completions_server(["<answer>5</answer>"], [])), "v1")
     assert anyio.run(siblings.grow_with, settings, policy, judge_client("5", asked)) == 3
     assert asked == []  # a sibling was right: the policy has its own success to learn from
+
+
+def test_the_reviewers_answer_is_kept_when_it_beats_the_policys_best_short_of_full_reward(
+    capturing,
+) -> None:
+    """Where the task set gives an untagged right answer half reward, the reviewer's untagged
+    right answer (0.5) still beats the policy's wrong ones (0): kept, not counted correct. Where
+    the session's own answer was already as good, the reviewer's is not kept."""
+    import anyio
+
+    from agents.settings import ReviseSettings
+    from flows import siblings
+    from flows.settings import RunSettings
+    from memory.sessions import adopt
+
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        for name, reference in (("wrong", "6"), ("half", "5")):  # the session says "5"
+            converse(client, {"X-Flywheel-Session": name, "X-Flywheel-Task": name})
+            body = {"session": name, "reference": reference}
+            client.post("/v1/feedback", json=body).raise_for_status()
+    answers = completions_server(["7", "9", "8"], [])
+
+    def policy_server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tokenize"):
+            text = json.loads(request.content)["prompt"]
+            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
+        return answers(request)
+
+    def reviewer_server(request: httpx.Request) -> httpx.Response:
+        return scripted(json.loads(request.content), "6", [3])  # untagged
+
+    herl = ReviseSettings(enabled=True, revisions=1)
+    settings = RunSettings(db_url=str(engine.url), source="captured", collect={"revise": herl})
+    policy = Endpoint(client_for(policy_server), "v1")
+    reviewer = Endpoint(client_for(reviewer_server), "judge-model")
+    assert anyio.run(siblings.grow_with, settings, policy, reviewer) == 3 + 3 + 1
+    with store.transaction(engine) as session:
+        groups = {g.task_id: g for g in adopt(session, round_index=1, policy_version="v1")}
+    kept = [a for a in groups[f"task:{mine('wrong')}"].attempts if a.kind == "revision"]
+    assert [(a.reward, a.correct) for a in kept] == [(0.5, False)]
+    assert not any(a.kind == "revision" for a in groups[f"task:{mine('half')}"].attempts)

@@ -84,6 +84,10 @@ def main() -> None:
         help="a reviewer served beside the policy: its verified answers where the policy has none",
     )  # fmt: skip
     parser.add_argument(
+        "--train-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+        help="the trainer's dtype (bfloat16 halves its memory beside two model servers)",
+    )  # fmt: skip
+    parser.add_argument(
         "--base-only", action="store_true", help="the base model on the held-out sums alone: "
         "a screen of policies (no traffic, no rounds)",
     )  # fmt: skip
@@ -209,6 +213,9 @@ def _serve(
     port, db = free_port(), f"sqlite:///{scratch / 'agent.db'}"
     server_url, *reviewer = servers
     route = ["--evaluation", "examples.agent:evaluate"] if args.route == "evaluation" else []
+    config = scratch / "bench.toml"
+    config.write_text(f'[train]\ndtype = "{args.train_dtype}"\n')
+    route += ["--config", str(config)]
     if reviewer:
         url, name = reviewer[0]
         route += ["--revise", "1", "--revisions", "2", "--reviewer-url", url,

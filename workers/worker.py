@@ -308,10 +308,10 @@ async def _collect_lot(crew: _Crew, lot: list[WorkItem], on_stored: Callable[[Gr
     stored = 0
     failures: dict[int, Failure] = {}
 
-    async def collect_share(items: list[WorkItem]) -> None:
+    async def collect_share(share: list[tuple[WorkItem, Plan]]) -> None:
         nonlocal stored
-        plans = {item.task_id: (item, Plan.model_validate_json(item.plan)) for item in items}
-        first, first_plan = next(iter(plans.values()))
+        plans = {item.task_id: (item, plan) for item, plan in share}
+        first, first_plan = share[0]
 
         def on_group(group: Group) -> None:
             nonlocal stored
@@ -336,7 +336,8 @@ async def _collect_lot(crew: _Crew, lot: list[WorkItem], on_stored: Callable[[Gr
     async with anyio.create_task_group() as tg:
         tg.start_soon(_keep_leases, engine, crew.owner, [item.id for item in lot], settings)
         async with anyio.create_task_group() as collecting:
-            for _, share in groupby(sorted(lot, key=_share_key), key=_share_key):
+            planned = [(item, Plan.model_validate_json(item.plan)) for item in lot]  # once each
+            for _, share in groupby(sorted(planned, key=_share_key), key=_share_key):
                 collecting.start_soon(collect_share, list(share))
         tg.cancel_scope.cancel()
     if failures:
@@ -443,8 +444,8 @@ async def _keep_leases(
             workqueue.renew(session, owner, ids, settings.lease_s)
 
 
-def _share_key(item: WorkItem) -> tuple[int, str, str, str]:
-    plan = Plan.model_validate_json(item.plan)
+def _share_key(planned: tuple[WorkItem, Plan]) -> tuple[int, str, str, str]:
+    item, plan = planned
     return item.round_index, item.purpose, item.policy_version, plan.share_key()
 
 

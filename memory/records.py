@@ -460,12 +460,6 @@ class WorkItem(Record):
         """A plan read from the store's JSON column, as text again."""
         return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
-    @property
-    def batch(self) -> Batch:
-        return Batch(
-            round_index=self.round_index, purpose=self.purpose, policy_version=self.policy_version
-        )
-
 
 class Batch(Record):
     """The tasks one round collects from one version: the work items of (round, purpose,

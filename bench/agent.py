@@ -64,7 +64,7 @@ from examples.agent import ADD, SYSTEM, converse, correct, gather, held_out, run
 from memory import store
 from reports.intervals import paired_difference, wilson
 from reports.table import text_table
-from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
+from serving.model import REVIEWERS, prepare_named
 from serving.server import ServerSettings, VllmServer, side_by_side
 
 SERVER_KEY, USER_KEY = "bench-server-key", "bench-user-key"
@@ -149,8 +149,9 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 
 def _model(name: str) -> Path:
-    models = ROOT / ".flywheel" / "models"
-    return prepare_smollm2(models) if name == "smollm2" else prepare_parted(REVIEWERS[name], models)
+    folder = prepare_named(name, ROOT / ".flywheel" / "models")
+    assert folder is not None, name  # the choices are named models
+    return folder
 
 
 def _servers(args: argparse.Namespace, scratch: Path) -> list[ServerSettings]:

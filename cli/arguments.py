@@ -62,14 +62,11 @@ def writable(path: Path | None, flag: str) -> None:
 def model_folder(model: str, cache_dir: Path, flag: str = "--model") -> Path:
     """The folder `model` names: a named model, built in `cache_dir` the first time, or a model
     folder given by path."""
-    from serving.model import prepare_parted, prepare_smollm2, prepare_tiny_llama
+    from serving.model import prepare_named
 
-    if model == "smollm2":
-        return prepare_smollm2(cache_dir)
-    if model == "tiny":
-        return prepare_tiny_llama(cache_dir, prepare_smollm2(cache_dir))
-    if model in REVIEWERS:
-        return prepare_parted(REVIEWERS[model], cache_dir)
+    named = prepare_named(model, cache_dir)
+    if named is not None:
+        return named
     folder = Path(model)
     if not (folder / "config.json").is_file():
         raise FlowError(f"{flag} {model!r} is none of {', '.join(MODELS)}, nor a model folder")

@@ -66,6 +66,18 @@ REVIEWERS = {
 }
 
 
+def prepare_named(model: str, cache_dir: Path) -> Path | None:
+    """The folder of a named model (`smollm2`, `tiny`, a reviewer's name), built in `cache_dir`
+    the first time; None for a name that is none of them."""
+    if model == "smollm2":
+        return prepare_smollm2(cache_dir)
+    if model == "tiny":
+        return prepare_tiny_llama(cache_dir, prepare_smollm2(cache_dir))
+    if model in REVIEWERS:
+        return prepare_parted(REVIEWERS[model], cache_dir)
+    return None
+
+
 def prepare_smollm2(cache_dir: Path) -> Path:
     """Return a ready SmolLM2-135M-Instruct folder under cache_dir, building it if missing
     (about 30 s)."""

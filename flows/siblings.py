@@ -40,6 +40,7 @@ from typing import Any
 
 import anyio
 
+from agents.errors import PolicyError
 from agents.policy import Endpoint, PolicyClient
 from flows.settings import RunSettings
 from flows.stages import reviewer_endpoint
@@ -146,7 +147,11 @@ async def _reviewed(
     )
     chosen: tuple[Sample, float, str] | None = None
     for _ in range(revise.revisions):
-        written = await reviewer.client.sample(reviewer.model, asked, sampling)
+        try:
+            written = await reviewer.client.sample(reviewer.model, asked, sampling)
+        except PolicyError as exc:  # this draw's own failure; a server that is down raises
+            log.warning("the reviewer's answer for a session failed: %s", exc)
+            continue
         score, reason = await _verified(settings, turns, written.text, reference)
         if chosen is None or score > chosen[1]:
             chosen = (written, score, reason)

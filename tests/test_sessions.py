@@ -604,3 +604,42 @@ def test_the_reviewers_answer_is_kept_when_it_beats_the_policys_best_short_of_fu
     kept = [a for a in groups[f"task:{mine('wrong')}"].attempts if a.kind == "revision"]
     assert [(a.reward, a.correct) for a in kept] == [(0.5, False)]
     assert not any(a.kind == "revision" for a in groups[f"task:{mine('half')}"].attempts)
+
+
+def test_a_reviewer_draw_the_reviewer_refuses_is_skipped_and_the_next_one_kept(
+    capturing,
+) -> None:
+    """A draw the reviewer answers with a 400 (the request's own failure) is that draw lost,
+    not the whole training check: the next draw is verified and kept."""
+    import anyio
+
+    from agents.settings import ReviseSettings
+    from flows import siblings
+    from flows.settings import RunSettings
+
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        converse(client, {"X-Flywheel-Session": "once", "X-Flywheel-Task": "sum"})  # says "5"
+        client.post("/v1/feedback", json={"session": "once", "reference": "6"}).raise_for_status()
+    answers = completions_server(["7", "9", "8"], [])
+
+    def policy_server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tokenize"):
+            text = json.loads(request.content)["prompt"]
+            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
+        return answers(request)
+
+    asked: list[dict] = []
+
+    def reviewer_server(request: httpx.Request) -> httpx.Response:
+        asked.append(body := json.loads(request.content))
+        if len(asked) == 1:
+            return httpx.Response(400, json={"error": {"message": "prompt too long"}})
+        return scripted(body, "<answer>6</answer>", [3])
+
+    herl = ReviseSettings(enabled=True, revisions=2)
+    settings = RunSettings(db_url=str(engine.url), source="captured", collect={"revise": herl})
+    policy = Endpoint(client_for(policy_server), "v1")
+    reviewer = Endpoint(client_for(reviewer_server), "judge-model")
+    assert anyio.run(siblings.grow_with, settings, policy, reviewer) == 4
+    assert len(asked) == 2

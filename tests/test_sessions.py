@@ -389,6 +389,20 @@ def test_a_held_out_session_judges_versions_and_never_trains(capturing) -> None:
     assert sum(len(turns) for turns in few.values()) == 3
 
 
+def tokenizing_policy(texts: list[str], seen: list[dict]) -> Endpoint:
+    """The policy's server: completions continuing any prompt with the next of `texts`, and
+    plain text tokenised a character a token."""
+    answers = completions_server(texts, seen)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/tokenize"):
+            text = json.loads(request.content)["prompt"]
+            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
+        return answers(request)
+
+    return Endpoint(client_for(handle), "v1")
+
+
 def completions_server(texts: list[str], seen: list[dict]):
     """A completions endpoint that continues any prompt ids with the next of `texts`."""
 
@@ -501,14 +515,6 @@ def test_a_session_no_answer_of_the_policy_got_right_gets_the_reviewers_verified
     with client:
         converse(client, {"X-Flywheel-Session": "once", "X-Flywheel-Task": "sum"})  # says "5"
         client.post("/v1/feedback", json={"session": "once", "reference": "5"}).raise_for_status()
-    sampled: list[dict] = []
-    answers = completions_server(["7", "9", "8"], sampled)
-
-    def policy_server(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/tokenize"):
-            text = json.loads(request.content)["prompt"]
-            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
-        return answers(request)
 
     asked: list[dict] = []
     drafts = iter(["<answer>6</answer>", "<answer>5</answer>"])
@@ -520,7 +526,7 @@ def test_a_session_no_answer_of_the_policy_got_right_gets_the_reviewers_verified
 
     herl = ReviseSettings(enabled=True, revisions=2, temperature=0.5)
     settings = RunSettings(db_url=str(engine.url), source="captured", collect={"revise": herl})
-    policy = Endpoint(client_for(policy_server), "v1")
+    policy = tokenizing_policy(["7", "9", "8"], [])
     reviewer = Endpoint(client_for(reviewer_server), "judge-model")
     assert anyio.run(siblings.grow_with, settings, policy, reviewer) == 4  # 3 siblings, 1 answer
     first = asked[0]["messages"][-1]["content"]
@@ -583,20 +589,13 @@ def test_the_reviewers_answer_is_kept_when_it_beats_the_policys_best_short_of_fu
             converse(client, {"X-Flywheel-Session": name, "X-Flywheel-Task": name})
             body = {"session": name, "reference": reference}
             client.post("/v1/feedback", json=body).raise_for_status()
-    answers = completions_server(["7", "9", "8"], [])
-
-    def policy_server(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/tokenize"):
-            text = json.loads(request.content)["prompt"]
-            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
-        return answers(request)
 
     def reviewer_server(request: httpx.Request) -> httpx.Response:
         return scripted(json.loads(request.content), "6", [3])  # untagged
 
     herl = ReviseSettings(enabled=True, revisions=1)
     settings = RunSettings(db_url=str(engine.url), source="captured", collect={"revise": herl})
-    policy = Endpoint(client_for(policy_server), "v1")
+    policy = tokenizing_policy(["7", "9", "8"], [])
     reviewer = Endpoint(client_for(reviewer_server), "judge-model")
     assert anyio.run(siblings.grow_with, settings, policy, reviewer) == 3 + 3 + 1
     with store.transaction(engine) as session:
@@ -621,13 +620,6 @@ def test_a_reviewer_draw_the_reviewer_refuses_is_skipped_and_the_next_one_kept(
     with client:
         converse(client, {"X-Flywheel-Session": "once", "X-Flywheel-Task": "sum"})  # says "5"
         client.post("/v1/feedback", json={"session": "once", "reference": "6"}).raise_for_status()
-    answers = completions_server(["7", "9", "8"], [])
-
-    def policy_server(request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/tokenize"):
-            text = json.loads(request.content)["prompt"]
-            return httpx.Response(200, json={"tokens": [ord(c) for c in text]})
-        return answers(request)
 
     asked: list[dict] = []
 
@@ -639,7 +631,7 @@ def test_a_reviewer_draw_the_reviewer_refuses_is_skipped_and_the_next_one_kept(
 
     herl = ReviseSettings(enabled=True, revisions=2)
     settings = RunSettings(db_url=str(engine.url), source="captured", collect={"revise": herl})
-    policy = Endpoint(client_for(policy_server), "v1")
+    policy = tokenizing_policy(["7", "9", "8"], [])
     reviewer = Endpoint(client_for(reviewer_server), "judge-model")
     assert anyio.run(siblings.grow_with, settings, policy, reviewer) == 4
     assert len(asked) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import types
 import typing
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +105,18 @@ def _field(key: str) -> tuple[FieldInfo, Any]:
     """A setting's field, and its default in a run (a table's defaults may be the run's own:
     `collect`'s temperature)."""
     model: type[BaseModel] = RunSettings
-    default: Any = RunSettings()
+    default: Any = _run_defaults()
     *tables, leaf = key.split(".")
     for table in tables:
         nested = model.model_fields[table].annotation
         assert isinstance(nested, type) and issubclass(nested, BaseModel)
         model, default = nested, getattr(default, table)
     return model.model_fields[leaf], getattr(default, leaf)
+
+
+@cache
+def _run_defaults() -> RunSettings:
+    return RunSettings()
 
 
 def _kind(annotation: Any) -> tuple[Any, list[str] | None]:

@@ -61,6 +61,7 @@ def gateway(args: argparse.Namespace) -> int:
 
     from memory.store import open_store
     from serving.gateway import GatewaySettings, create_app
+    from serving.limits import RequestLimits
     from serving.promotion import Gate
 
     admin_keys = keys("FLYWHEEL_ADMIN_KEYS")
@@ -77,6 +78,7 @@ def gateway(args: argparse.Namespace) -> int:
         capture=args.capture,
         uncaptured_keys=keys("FLYWHEEL_UNCAPTURED_KEYS"),
         taskset=args.taskset,
+        limits=RequestLimits(rate_per_s=args.rate, burst=args.burst),
     )
     if args.taskset is not None:
         from verifiers.catalog import check

@@ -250,6 +250,12 @@ def _gateway_command(commands: Any) -> None:
         default=None,
         help="a task set whose verifier scores feedback that sends a reference answer",
     )
+    gateway.add_argument(
+        "--rate", type=float, default=20.0, help="requests a second each key may send (20)"
+    )
+    gateway.add_argument(
+        "--burst", type=int, default=60, help="requests each key may send at once (60)"
+    )
     gateway.set_defaults(handler=admin.gateway)
 
 

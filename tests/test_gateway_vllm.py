@@ -16,6 +16,7 @@ from memory import store
 from memory.records import PolicyVersion
 from serving.adapters import loaded_models
 from serving.gateway import GatewaySettings, create_app, running
+from serving.limits import RequestLimits
 from tests.helpers import free_port, make_group, random_adapter, seed_promoted, tiny_vllm
 from trainer.round import train_round
 from trainer.settings import TrainSettings
@@ -45,13 +46,16 @@ def corrupt_copies(good: Path, root: Path) -> dict[str, Path]:
 
 
 def keyed_settings(upstreams: list[str], model: Path, root: Path) -> GatewaySettings:
-    """The gateway of these tests: a user key and an admin key, adapters under `root`."""
+    """The gateway of these tests: a user key and an admin key, adapters under `root`, no rate
+    limit to speak of."""
     return GatewaySettings(
         upstreams=upstreams,
         base_model_path=model,
         adapters_root=root,
         user_keys=frozenset({"user-key"}),
         admin_keys=frozenset({"admin-key"}),
+        # Load tests: the steady traffic of `Load` must not meet the per-key rate limit.
+        limits=RequestLimits(rate_per_s=10_000, burst=10_000),
     )
 
 

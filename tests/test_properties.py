@@ -20,6 +20,7 @@ from flows.settings import RunSettings, load_run_settings
 from memory import store
 from serving import probe
 from serving.gateway import GatewaySettings, create_app
+from serving.limits import RequestLimits
 from tests.helpers import seed_promoted
 from verifiers import reasoning
 from verifiers.answer import extract_answer
@@ -107,6 +108,7 @@ def gateway(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
         upstreams=["http://up-1"], base_model_path=tiny_model_path,
         adapters_root=folder / "adapters", user_keys=frozenset({"u"}),
         admin_keys=frozenset({"a"}), capture=True, taskset="arithmetic",
+        limits=RequestLimits(rate_per_s=10_000, burst=10_000),  # every example reaches a route
     )  # fmt: skip
     app = create_app(settings_, engine, transport=httpx.MockTransport(upstream))
     with TestClient(app, raise_server_exceptions=False) as client:

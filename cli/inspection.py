@@ -124,17 +124,17 @@ def library(args: argparse.Namespace) -> int:
     from memory import library, store
 
     with store.transaction(store.open_store(db_url(args))) as session:
-        if args.entry is None:
-            entries = sorted(library.lessons(session), key=lambda e: -e.utility)[: args.top]
+        if args.lesson is None:
+            shown = sorted(library.lessons(session), key=lambda e: -e.utility)[: args.top]
             total = library.size(session)
         else:
-            chosen = library.lesson(session, args.entry)
-            history = library.events(session, args.entry)
-            uses = library.uses(session, args.entry)
+            chosen = library.lesson(session, args.lesson)
+            history = library.events(session, args.lesson)
+            uses = library.uses(session, args.lesson)
             tasks = store.group_tasks(session, [group_id for group_id, _ in uses])
-    if args.entry is None:
-        print(f"{total} active lessons; the top {len(entries)} by utility:")
-        for e in entries:
+    if args.lesson is None:
+        print(f"{total} active lessons; the top {len(shown)} by utility:")
+        for e in shown:
             print(
                 f"  #{e.id:<5} {e.utility:+.3f}  shown {e.exposures:<4} evidence {e.evidence:<3} "
                 f"{e.kind:<9} {e.scope}:{e.scope_key or '-'} {e.zone}  {e.text[:70]}"
@@ -148,8 +148,8 @@ def library(args: argparse.Namespace) -> int:
     if gains:
         print(f"gain where used: mean {sum(gains) / len(gains):+.3f} over {len(gains)} groups")
     for group_id, gain in uses[-10:]:  # the latest ten
-        shown = "not credited yet" if gain is None else f"gain {gain:+.3f}"
-        print(f"  used in group {group_id} ({tasks.get(group_id, '?')}): {shown}")
+        credit = "not credited yet" if gain is None else f"gain {gain:+.3f}"
+        print(f"  used in group {group_id} ({tasks.get(group_id, '?')}): {credit}")
     for event in history:
         changed = {
             k: round(v, 4) if isinstance(v, float) else v

@@ -300,9 +300,11 @@ def _lineage_command(commands: Any) -> None:
 
 def _library_command(commands: Any) -> None:
     lessons = commands.add_parser(
-        "library", help="the experience library's lessons, or one lesson's history (--entry)"
+        "library", help="the experience library's lessons, or one lesson's history (--lesson)"
     )
-    lessons.add_argument("--entry", type=int, default=None, help="where it was used, what it did")
+    lessons.add_argument(
+        "--lesson", "--entry", type=int, default=None, help="where one was used, what it did"
+    )
     lessons.add_argument("--top", type=int, default=20, help="lessons to list, by utility")
     _db_arguments(lessons)
     lessons.set_defaults(handler=inspection.library)

@@ -2,8 +2,9 @@
 table. SLEA-RL's step-level retrieval by observation cluster is not built: lessons are retrieved
 per task (`memory.retrieval`).
 
-A lesson (`Lesson`) is a stored library entry; an agent proposes one as a `LessonDraft`. The
-tables keep their first names (`experience_entry`, `experience_evidence`, `experience_use`).
+A lesson (`Lesson`) is a stored library item; an agent proposes one as a `LessonDraft`. The
+tables and columns keep their first names (`experience_entry`, `experience_evidence`,
+`experience_use`, `entry_id`).
 
 1. Admission, once per library update: drafts are validated first (a bad one refuses the
    whole update, nothing written); at most `rate_limit[zone]` new lessons per update; a draft
@@ -94,7 +95,7 @@ def admit(
     settings: LibrarySettings,
     embed: Embed | None = None,
 ) -> Admission:
-    """One library update: merge duplicates, add new entries within the rate limit and the
+    """One library update: merge duplicates, add new lessons within the rate limit and the
     capacity of their level."""
     validated = _validated(drafts)
     report = Admission()
@@ -108,27 +109,27 @@ def admit(
         if existing is not None:
             _merge(session, existing, draft)
             report.merged.append(existing.id)
-            entry_id: int | None = existing.id
+            lesson_id: int | None = existing.id
         elif new[draft.zone] >= settings.rate_limit[draft.zone]:
             report.refused.append((draft.text, "rate limit"))
-            entry_id = None
+            lesson_id = None
         elif (trimmed := _make_room(session, draft, settings)) is None:
-            report.refused.append((draft.text, "level full of protected entries"))
-            entry_id = None
+            report.refused.append((draft.text, "level full of protected lessons"))
+            lesson_id = None
         else:
             report.trimmed += trimmed
-            entry_id = _add(session, draft, embed)
-            report.added.append(entry_id)
+            lesson_id = _add(session, draft, embed)
+            report.added.append(lesson_id)
             new[draft.zone] += 1
-        if entry_id is not None and draft.source:
-            session.add(LessonEvidenceRow(entry_id=entry_id, source=draft.source[:300]))
+        if lesson_id is not None and draft.source:
+            session.add(LessonEvidenceRow(lesson_id=lesson_id, source=draft.source[:300]))
             counted.add(draft.source[:300])
     session.flush()
     return report
 
 
 def _counted_sources(session: Session, sources: list[str]) -> set[str]:
-    """The sources (evidence) among these that some entry already counts."""
+    """The sources (evidence) among these that some lesson already counts."""
     wanted = [source[:300] for source in sources if source]
     if not wanted:
         return set()
@@ -137,28 +138,28 @@ def _counted_sources(session: Session, sources: list[str]) -> set[str]:
 
 
 def record_use(
-    session: Session, group_id: int, entry_ids: list[int], similarities: list[float]
+    session: Session, group_id: int, lesson_ids: list[int], similarities: list[float]
 ) -> None:
-    """The entries shown to a group's guided attempts, in rank order."""
-    for rank, (entry_id, similarity) in enumerate(zip(entry_ids, similarities, strict=True)):
+    """The lessons shown to a group's guided attempts, in rank order."""
+    for rank, (lesson_id, similarity) in enumerate(zip(lesson_ids, similarities, strict=True)):
         session.add(
-            LessonUseRow(entry_id=entry_id, group_id=group_id, rank=rank, similarity=similarity)
+            LessonUseRow(lesson_id=lesson_id, group_id=group_id, rank=rank, similarity=similarity)
         )
-        row = session.get(LessonRow, entry_id)
+        row = session.get(LessonRow, lesson_id)
         if row is not None:
             row.exposures += 1
     session.flush()
 
 
 def credit(session: Session, group_id: int, gain: float, settings: LibrarySettings) -> list[int]:
-    """Credit the group's with/without gain to every entry it used; returns the entries pruned."""
+    """Credit the group's with/without gain to every lesson it used; returns the lessons pruned."""
     pruned = []
     uses = session.scalars(
         select(LessonUseRow).where(LessonUseRow.group_id == group_id, LessonUseRow.gain.is_(None))
     )
     for use in uses:  # a use not credited yet: crediting a group twice changes nothing
         use.gain = gain
-        row = session.get(LessonRow, use.entry_id)
+        row = session.get(LessonRow, use.lesson_id)
         assert row is not None
         before = _fields(row)
         row.utility = settings.decay * row.utility + (1 - settings.decay) * gain
@@ -180,27 +181,27 @@ def lessons(session: Session, status: str = "active") -> list[Lesson]:
     return [Lesson.model_validate(row) for row in rows]
 
 
-def embeddings(session: Session, entry_ids: list[int]) -> dict[int, bytes]:
+def embeddings(session: Session, lesson_ids: list[int]) -> dict[int, bytes]:
     query = select(LessonRow.id, LessonRow.embedding).where(
-        LessonRow.id.in_(entry_ids), LessonRow.embedding.is_not(None)
+        LessonRow.id.in_(lesson_ids), LessonRow.embedding.is_not(None)
     )
-    return {entry_id: vector for entry_id, vector in session.execute(query) if vector is not None}
+    return {lesson_id: vector for lesson_id, vector in session.execute(query) if vector is not None}
 
 
-def events(session: Session, entry_id: int) -> list[LibraryEvent]:
+def events(session: Session, lesson_id: int) -> list[LibraryEvent]:
     rows = session.scalars(
         select(LibraryEventRow)
-        .where(LibraryEventRow.entry_id == entry_id)
+        .where(LibraryEventRow.lesson_id == lesson_id)
         .order_by(LibraryEventRow.id)
     )
     return [LibraryEvent.model_validate(row) for row in rows]
 
 
-def uses(session: Session, entry_id: int) -> list[tuple[int, float | None]]:
-    """(group id, gain) for every group the entry was shown to, in the order it was shown."""
+def uses(session: Session, lesson_id: int) -> list[tuple[int, float | None]]:
+    """(group id, gain) for every group the lesson was shown to, in the order it was shown."""
     query = (
         select(LessonUseRow.group_id, LessonUseRow.gain)
-        .where(LessonUseRow.entry_id == entry_id)
+        .where(LessonUseRow.lesson_id == lesson_id)
         .order_by(LessonUseRow.id)
     )
     return [(group_id, gain) for group_id, gain in session.execute(query)]
@@ -209,17 +210,17 @@ def uses(session: Session, entry_id: int) -> list[tuple[int, float | None]]:
 def used_in(session: Session, group_ids: list[int]) -> dict[int, int]:
     """Entry id -> how many of these groups it was shown to."""
     query = (
-        select(LessonUseRow.entry_id, func.count())
+        select(LessonUseRow.lesson_id, func.count())
         .where(LessonUseRow.group_id.in_(group_ids))
-        .group_by(LessonUseRow.entry_id)
+        .group_by(LessonUseRow.lesson_id)
     )
-    return {entry_id: n for entry_id, n in session.execute(query)}
+    return {lesson_id: n for lesson_id, n in session.execute(query)}
 
 
-def lesson(session: Session, entry_id: int) -> Lesson:
-    row = session.get(LessonRow, entry_id)
+def lesson(session: Session, lesson_id: int) -> Lesson:
+    row = session.get(LessonRow, lesson_id)
     if row is None:
-        raise NotFound(f"no lesson {entry_id}")
+        raise NotFound(f"no lesson {lesson_id}")
     return Lesson.model_validate(row)
 
 
@@ -275,7 +276,7 @@ def _add(session: Session, draft: LessonDraft, embed: Embed | None) -> int:
 
 def _make_room(session: Session, draft: LessonDraft, settings: LibrarySettings) -> list[int] | None:
     """Trim the draft's level down to capacity - 1; the trimmed ids, or None if only
-    protected entries remain."""
+    protected lessons remain."""
     level = list(
         session.scalars(
             select(LessonRow).filter_by(
@@ -320,7 +321,7 @@ def _fields(row: LessonRow) -> dict[str, Any]:
 
 
 def _log(session: Session, row: LessonRow, action: str, before: dict[str, Any]) -> None:
-    session.add(LibraryEventRow(entry_id=row.id, action=action, before=before, after=_fields(row)))
+    session.add(LibraryEventRow(lesson_id=row.id, action=action, before=before, after=_fields(row)))
 
 
 def size(session: Session) -> int:
@@ -328,7 +329,7 @@ def size(session: Session) -> int:
 
 
 def size_history(session: Session) -> list[tuple[datetime, int]]:
-    """(time, active entries) after every add, trim, prune or revival, oldest first."""
+    """(time, active lessons) after every add, trim, prune or revival, oldest first."""
     rows = session.execute(
         select(LibraryEventRow.created_at, LibraryEventRow.action, LibraryEventRow.before)
         .where(LibraryEventRow.action.in_(("add", "trim", "prune", "merge")))

@@ -295,13 +295,13 @@ class LessonRow(Base):
 
 
 class LessonUseRow(Base):
-    """An entry shown in the prompt of a group's attempts: where it was used."""
+    """A lesson shown in the prompt of a group's attempts: where it was used."""
 
     __tablename__ = "experience_use"
     __table_args__ = (Unique("entry_id", "group_id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    entry_id: Mapped[int] = mapped_column(ForeignKey("experience_entry.id"))
+    lesson_id: Mapped[int] = mapped_column("entry_id", ForeignKey("experience_entry.id"))
     group_id: Mapped[int] = mapped_column(ForeignKey("rollout_group.id"))
     rank: Mapped[int] = mapped_column(Integer)
     similarity: Mapped[float | None] = mapped_column(Float)
@@ -309,22 +309,26 @@ class LessonUseRow(Base):
 
 
 class LessonEvidenceRow(Base):
-    """Each piece of evidence an entry was built from, once: re-curating a round adds none."""
+    """Each piece of evidence a lesson was built from, once: re-curating a round adds none."""
 
     __tablename__ = "experience_evidence"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    entry_id: Mapped[int] = mapped_column(ForeignKey("experience_entry.id"), index=True)
+    lesson_id: Mapped[int] = mapped_column(
+        "entry_id", ForeignKey("experience_entry.id"), index=True
+    )
     source: Mapped[str] = mapped_column(String(300), unique=True)
 
 
 class LibraryEventRow(Base):
-    """Every change to the library, with the entry's fields before and after."""
+    """Every change to the library, with the lesson's fields before and after."""
 
     __tablename__ = "library_event"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    entry_id: Mapped[int] = mapped_column(ForeignKey("experience_entry.id"), index=True)
+    lesson_id: Mapped[int] = mapped_column(
+        "entry_id", ForeignKey("experience_entry.id"), index=True
+    )
     action: Mapped[str] = mapped_column(String(20))
     before: Mapped[dict[str, Any]] = mapped_column()
     after: Mapped[dict[str, Any]] = mapped_column()

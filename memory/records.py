@@ -519,9 +519,9 @@ class Lesson(Record):
 
 
 class LibraryEvent(Record):
-    """One change to the library: an entry added, merged into, credited, pruned or trimmed."""
+    """One change to the library: a lesson added, merged into, credited, pruned or trimmed."""
 
-    entry_id: int
+    lesson_id: int
     action: Literal["add", "merge", "credit", "prune", "trim"]
     before: dict[str, Any] = Field(default_factory=dict)
     after: dict[str, Any] = Field(default_factory=dict)

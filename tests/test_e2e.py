@@ -359,7 +359,7 @@ def test_library_lessons_guide_half_of_each_group_and_are_credited(
         text="Work out the sign first, then the size.",
     )  # fmt: skip
     with store.transaction(engine) as session:
-        (entry_id,) = library.admit(session, [lesson], LibrarySettings()).added
+        (lesson_id,) = library.admit(session, [lesson], LibrarySettings()).added
     run_once(
         tmp_path,
         *["--tasks", "2", "--group-size", "2", "--eval-tasks", "2", "--model"],
@@ -368,8 +368,8 @@ def test_library_lessons_guide_half_of_each_group_and_are_credited(
     )
     with store.transaction(engine) as session:
         groups = store.load_groups(session, "train", round_index=1)
-        uses = library.uses(session, entry_id)
-        actions = [e.action for e in library.events(session, entry_id)]
+        uses = library.uses(session, lesson_id)
+        actions = [e.action for e in library.events(session, lesson_id)]
         (entry,) = library.lessons(session)
     for group in groups:
         guided, bare = group.first_attempts

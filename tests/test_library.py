@@ -25,11 +25,11 @@ def tip(
 
 
 def show_and_credit(
-    engine: Engine, entry_id: int, gains: list[float], settings: LibrarySettings
+    engine: Engine, lesson_id: int, gains: list[float], settings: LibrarySettings
 ) -> None:
     for group_id, gain in zip(groups_for(engine, len(gains)), gains, strict=True):
         with transaction(engine) as session:
-            library.record_use(session, group_id, [entry_id], [0.9])
+            library.record_use(session, group_id, [lesson_id], [0.9])
             library.credit(session, group_id, gain, settings)
 
 
@@ -50,18 +50,18 @@ def groups_for(engine: Engine, count: int) -> list[int]:
 def test_a_duplicate_merges_its_evidence_and_keeps_the_utility(db_url: str) -> None:
     engine, settings = open_store(db_url), LibrarySettings()
     with transaction(engine) as session:
-        (entry_id,) = library.admit(session, [tip("Check the sign.")], settings).added
-    show_and_credit(engine, entry_id, [1.0], settings)
+        (lesson_id,) = library.admit(session, [tip("Check the sign.")], settings).added
+    show_and_credit(engine, lesson_id, [1.0], settings)
     with transaction(engine) as session:
         report = library.admit(
             session, [tip("  check   THE sign "), tip("Check the sign of the result.")], settings
         )
         entries = {e.id: e for e in library.lessons(session)}
-        actions = [e.action for e in library.events(session, entry_id)]
-    assert report.merged == [entry_id] and len(report.added) == 1
-    assert entries[entry_id].text == "Check the sign."
-    assert entries[entry_id].evidence == 2
-    assert entries[entry_id].utility == pytest.approx(0.1)
+        actions = [e.action for e in library.events(session, lesson_id)]
+    assert report.merged == [lesson_id] and len(report.added) == 1
+    assert entries[lesson_id].text == "Check the sign."
+    assert entries[lesson_id].evidence == 2
+    assert entries[lesson_id].utility == pytest.approx(0.1)
     assert actions == ["add", "credit", "merge"]
 
 
@@ -84,20 +84,20 @@ def test_the_same_evidence_counts_once_however_often_it_is_curated(db_url: str) 
 def test_crediting_a_group_twice_changes_nothing(db_url: str) -> None:
     engine, settings = open_store(db_url), LibrarySettings()
     with transaction(engine) as session:
-        (entry_id,) = library.admit(session, [tip("Estimate first.")], settings).added
+        (lesson_id,) = library.admit(session, [tip("Estimate first.")], settings).added
     (group_id,) = groups_for(engine, 1)
     with transaction(engine) as session:
-        library.record_use(session, group_id, [entry_id], [0.8])
+        library.record_use(session, group_id, [lesson_id], [0.8])
         library.credit(session, group_id, 1.0, settings)
         library.credit(session, group_id, 1.0, settings)
-        utility = library.lesson(session, entry_id).utility
+        utility = library.lesson(session, lesson_id).utility
     assert utility == pytest.approx(0.1)
 
 
 def test_a_longer_rewording_with_the_same_words_replaces_the_text(db_url: str) -> None:
     engine, settings = open_store(db_url), LibrarySettings()
     with transaction(engine) as session:
-        (entry_id,) = library.admit(session, [tip("check the sign")], settings).added
+        (lesson_id,) = library.admit(session, [tip("check the sign")], settings).added
         library.admit(session, [tip("Check the sign!!")], settings)
         (entry,) = library.lessons(session)
     assert entry.text == "Check the sign!!" and entry.evidence == 2
@@ -124,9 +124,9 @@ def test_capacity_trims_the_lowest_ranked_unprotected_entry(db_url: str) -> None
         ids = library.admit(session, [tip(f"tip {i}") for i in range(3)], settings).added
     with transaction(engine) as session:  # every entry is still protected: no room
         report = library.admit(session, [tip("tip 3")], settings)
-    assert report.added == [] and report.refused[0][1] == "level full of protected entries"
-    for entry_id, gain in zip(ids, [0.5, -0.5, 0.2], strict=True):
-        show_and_credit(engine, entry_id, [gain], settings)
+    assert report.added == [] and report.refused[0][1] == "level full of protected lessons"
+    for lesson_id, gain in zip(ids, [0.5, -0.5, 0.2], strict=True):
+        show_and_credit(engine, lesson_id, [gain], settings)
     with transaction(engine) as session:
         report = library.admit(session, [tip("tip 3")], settings)
         active = {e.id for e in library.lessons(session)}
@@ -224,13 +224,13 @@ def test_embeddings_find_a_paraphrase_that_shares_no_words(embedder) -> None:
 def test_admission_stores_embeddings_for_retrieval(db_url: str, embedder) -> None:
     engine = open_store(db_url)
     with transaction(engine) as session:
-        (entry_id,) = library.admit(
+        (lesson_id,) = library.admit(
             session, [tip("Be careful with minus signs.")], LibrarySettings(), embedder.embed_bytes
         ).added
-        vectors = library.embeddings(session, [entry_id])
+        vectors = library.embeddings(session, [lesson_id])
         entries = library.lessons(session)
     hits = Index(entries, vectors, embedder).search("check the sign", "t", "arithmetic")
-    assert [h.lesson.id for h in hits] == [entry_id] and hits[0].score > 0.4
+    assert [h.lesson.id for h in hits] == [lesson_id] and hits[0].score > 0.4
 
 
 def test_only_lessons_the_verifier_confirmed_are_drafted() -> None:

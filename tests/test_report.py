@@ -90,7 +90,7 @@ def test_library_status_and_lineage_commands(tmp_path: Path, capsys) -> None:
     listing = capsys.readouterr().out
     assert listing.startswith("2 active lessons")
     assert listing.index("Check the sign.") < listing.index("Reread the question.")
-    assert main(["library", "--db", db, "--entry", "1"]) == 0
+    assert main(["library", "--db", db, "--lesson", "1"]) == 0
     history = capsys.readouterr().out
     assert (
         "shown to 1 groups" in history and "gain where used: mean +0.500 over 1 groups" in history

@@ -362,6 +362,7 @@ class RoundMetrics(Record):
     kl_last: float | None = None
     outside_share: float | None = None
     steps: int = 0
+    padded_share: float | None = None
     processes: int = 1
     scorecards: list[Scorecard] = Field(default_factory=list)
     eval_pass_at_1: float | None = None

@@ -7,7 +7,15 @@ import pytest
 from memory.records import Attempt, Group, Sample
 from tests.helpers import make_group, with_attempts
 from trainer.advantages import grpo_advantages, mean_advantages, r3l_advantages
-from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts, positive_ratio_filter
+from trainer.dataset import (
+    IGNORE,
+    TrainRow,
+    build_rows,
+    context_counts,
+    length_batches,
+    padded_share,
+    positive_ratio_filter,
+)
 from trainer.settings import TrainSettings
 
 GRPO = TrainSettings(max_length=64, mode="grpo")
@@ -209,3 +217,23 @@ def test_failed_guided_samples_are_not_pushed_down_under_the_bare_prompt() -> No
         [group], TrainSettings(max_length=64, mode="grpo", distill_negatives=True)
     )
     assert context_counts(with_negatives) == {"bare": 2, "distill:demo": 2}
+
+
+def test_length_batches_keep_every_row_and_pad_less_than_a_shuffle() -> None:
+    rng = random.Random(1)
+    rows = [
+        TrainRow(input_ids=[1] * n, labels=[1] * n, advantages=[0.5] * n,
+                 behaviour_logprobs=[0.0] * n, reward=float(i % 2))
+        for i, n in enumerate(rng.choice([20, 40, 200]) + rng.randrange(8) for _ in range(96))
+    ]  # fmt: skip
+    ordered = length_batches(rows, batch_size=8, seed=0)
+    assert sorted(map(id, ordered)) == sorted(map(id, rows))  # each row once
+    assert ordered == length_batches(rows, batch_size=8, seed=0)  # a resumed round replays it
+    assert ordered != length_batches(rows, batch_size=8, seed=1)
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    assert padded_share(ordered, 8) < 0.5 * padded_share(shuffled, 8)
+    # A batch is drawn from a window of the round, not one end of it: short and long rows
+    # alternate among the batches rather than coming all at once.
+    longest = [max(len(r.input_ids) for r in ordered[i : i + 8]) for i in range(0, 96, 8)]
+    assert longest != sorted(longest) and longest != sorted(longest, reverse=True)

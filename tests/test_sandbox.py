@@ -56,8 +56,9 @@ def nothing_left_behind() -> Iterator[None]:
          "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass",
          {Status.TIMEOUT, Status.KILLED}),
         ("x = bytearray(10 * 1024**3)", {Status.ERROR}),
+        # On a loaded host the stack may not reach its limit before the wall clock ends it.
         ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1)\nf(0)",
-         {Status.ERROR, Status.KILLED}),
+         {Status.ERROR, Status.KILLED, Status.TIMEOUT}),
         ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", {Status.OUTPUT_LIMIT}),
         ("import fcntl, termios\nfcntl.ioctl(0, termios.TIOCSTI, b'x')", {Status.ERROR}),
     ],

@@ -38,6 +38,7 @@ from trainer.advantages import advantages
 from trainer.settings import TrainSettings
 
 IGNORE = -100
+WINDOW = 8  # batches sorted by length together (see `length_batches`)
 
 
 class TrainRow(BaseModel):
@@ -68,6 +69,32 @@ def build_rows(groups: list[Group], settings: TrainSettings) -> list[TrainRow]:
     if settings.mode == "rltldr":
         rows = positive_ratio_filter(rows, settings.positive_ratio, random.Random(settings.seed))
     return rows + extras
+
+
+def length_batches(rows: list[TrainRow], batch_size: int, seed: int) -> list[TrainRow]:
+    """The rows in training order: shuffled, cut into windows of `WINDOW` batches, each window
+    sorted by length and cut into batches, and the batches shuffled. A batch pads to its longest
+    row, so batches of near lengths pad less; the window keeps each batch a draw from the round
+    rather than one end of its length range (long answers are more often wrong)."""
+    rng = random.Random(seed)
+    order = rows[:]
+    rng.shuffle(order)
+    batches: list[list[TrainRow]] = []
+    span = WINDOW * batch_size
+    for start in range(0, len(order), span):
+        window = sorted(order[start : start + span], key=lambda row: len(row.input_ids))
+        batches += [window[i : i + batch_size] for i in range(0, len(window), batch_size)]
+    rng.shuffle(batches)
+    return [row for batch in batches for row in batch]
+
+
+def padded_share(rows: list[TrainRow], batch_size: int) -> float:
+    """The share of the positions a round computes that are padding, batched in this order."""
+    computed = real = 0
+    for start in range(0, len(rows), batch_size):
+        lengths = [len(row.input_ids) for row in rows[start : start + batch_size]]
+        computed, real = computed + max(lengths) * len(lengths), real + sum(lengths)
+    return 1.0 - real / computed if computed else 0.0
 
 
 def context_counts(rows: list[TrainRow]) -> dict[str, int]:

@@ -41,7 +41,14 @@ from trl import SFTConfig, SFTTrainer
 
 from memory import folders
 from memory.records import Group
-from trainer.dataset import IGNORE, TrainRow, build_rows, context_counts
+from trainer.dataset import (
+    IGNORE,
+    TrainRow,
+    build_rows,
+    context_counts,
+    length_batches,
+    padded_share,
+)
 from trainer.errors import TrainerError
 from trainer.settings import TrainSettings
 
@@ -64,6 +71,7 @@ class RoundResult(BaseModel):
     kl_last: float | None = None  # and last tenth
     outside_share: float | None = None  # sampled tokens past the trust region, mean per step
     steps: int = 0  # optimizer steps
+    padded_share: float | None = None  # share of the computed positions that were padding
     processes: int = 1  # training processes (one per GPU) that shared each batch
 
 
@@ -150,6 +158,8 @@ def train_round(
     rows = build_rows(groups, settings)
     if not rows:
         raise TrainerError("no trainable rows: every group lacked reward variance")
+    if settings.batch_order == "length":
+        rows = length_batches(rows, settings.batch_size, settings.seed)
     published = adapters_root / name
     if folders.is_complete(published):
         log.info("round %s was already published; not training again", name)
@@ -179,7 +189,13 @@ def train_round(
     if resume is None:
         _check_moved(before, _lora_snapshot(trainer.model))
     step = int(resume.name.split("-")[-1]) if resume else 0
-    shape = {"steps": trainer.state.global_step, "processes": trainer.args.world_size}
+    shape = {
+        "steps": trainer.state.global_step,
+        "processes": trainer.args.world_size,
+        "padded_share": (
+            padded_share(rows, settings.batch_size) if settings.batch_order == "length" else None
+        ),
+    }
     if not trainer.is_world_process_zero():  # another process of a distributed round
         return _result(published, rows, [], 0.0, started, step).model_copy(update=shape)
     staging = folders.staging_dir(adapters_root, name)
@@ -316,6 +332,8 @@ def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
         save_total_limit=1,
         report_to="none",
         bf16=_dtype(settings) == torch.bfloat16,
+        # `length` rows come in batch order (`length_batches`); else the trainer shuffles them.
+        train_sampling_strategy="sequential" if settings.batch_order == "length" else "random",
         gradient_checkpointing=False,
         ddp_find_unused_parameters=False,  # every LoRA weight takes part in each step
         use_cpu=not on_gpu,

@@ -27,6 +27,11 @@ class TrainSettings(BaseModel):
     lora_alpha: int = 32
     epochs: int = Field(1, ge=1, description="passes over a round's rows")
     batch_size: int = 8
+    batch_order: Literal["length", "random"] = Field(
+        "length",
+        description="length: batches of rows of near length, in a random order (less padding); "
+        "random: the trainer shuffles the rows",
+    )
     max_length: int = 512
     is_cap: float = 2.0
     clip: float | None = Field(

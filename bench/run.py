@@ -2,7 +2,8 @@
 
 Each run is `flywheel run` with the Makefile's defaults (the reviewer's arm: `--reviewer
 qwen2.5-coder-0.5b --config examples/reviewer.toml`; `overlap`: the same with `--overlap 1`,
-each round's training beside the next round's collection; the policy alone: no flags), from an
+each round's training beside the next round's collection; `random-batches`: the reviewer's
+arm with the trainer's rows shuffled, `--batch-order random`; the policy alone: no flags), from an
 empty store in a folder of its own (and Prefect's temporary server, so that no run leaves one
 behind), the two arms alternating so that a slow spell of the machine
 falls on both. From each run's summary: the wall time of the run and of each stage, and the
@@ -38,6 +39,15 @@ ARMS = {
         "1",
     ],
     "alone": [],
+    # The reviewer's arm with the trainer's rows shuffled, as before batches of near length.
+    "random-batches": [
+        "--reviewer",
+        "qwen2.5-coder-0.5b",
+        "--config",
+        "examples/reviewer.toml",
+        "--batch-order",
+        "random",
+    ],
 }
 STAGES = ("collect", "train", "merge", "swap", "evaluate")
 

@@ -54,6 +54,7 @@ FLAGGED = (
     "train.mode",
     "train.learning_rate",
     "train.epochs",
+    "train.batch_order",
     "train.processes",
 )
 RENAMED = {

@@ -26,8 +26,8 @@ PAGE = BENCH / "README.md"
 SCRIPT = re.compile(r"^(\S*python3?) bench/(\w+)\.py")
 # Sections in reading order: serving, then data, then learning; others follow by name.
 ORDER = ("sampling", "serving", "startup", "dtype", "chaos", "sandbox", "store", "pipeline",
-         "train", "capture", "agent", "tasksets", "reviewer", "explore", "learn", "confirm",
-         "replicates", "rounds", "drift", "run")  # fmt: skip
+         "train", "train_stage", "capture", "agent", "tasksets", "reviewer", "explore", "learn",
+         "confirm", "replicates", "rounds", "drift", "run")  # fmt: skip
 
 INTRO = """# Benchmarks
 

@@ -10,8 +10,11 @@ falls on all of them:
 - `length-bf16`: the same with the model in bfloat16 (`dtype = "bfloat16"`).
 
 Per variant and round: the round's seconds (model load, training, save), the trainer's own
-seconds, the share of computed positions that were padding, trained tokens/s, and the first and
-last loss. The figures sum each variant's rounds per pass, as the run's training stage would.
+seconds, the share of computed positions that were padding, trained tokens/s, the first and
+last loss, the KL from the sampling policy over the first tenth of the steps (at the start, the
+gap between the trainer's numbers and the server's) and the share of sampled tokens outside
+PPO's trust region. The figures sum each variant's rounds per pass, as the run's training stage
+would.
 
     .venv/bin/python -m bench.train_stage --db sqlite:///RUN/flywheel.db [--passes 2]
         [--variants random,length,length-bf16] [--json PATH]
@@ -91,7 +94,7 @@ def replay(db: str, variant: str) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="bench-train-stage-") as scratch:
             result = train_round(
                 groups[record.round_index],
-                base_model=Path(models[record.round_index].base_model),
+                base_model=model_folder(models[record.round_index].base_model),
                 parent_adapter=None,
                 adapters_root=Path(scratch),
                 name=f"replay-r{record.round_index}",
@@ -107,8 +110,16 @@ def replay(db: str, variant: str) -> list[dict[str, Any]]:
             "padded_share": result.padded_share,
             "loss_first": result.loss_first,
             "loss_last": result.loss_last,
+            "kl_first": result.kl_first,
+            "outside_share": result.outside_share,
         })  # fmt: skip
     return measured
+
+
+def model_folder(name: str) -> Path:
+    """A version's base model: a folder, or a model built under `.flywheel/models`."""
+    path = Path(name)
+    return path if path.is_dir() else ROOT / ".flywheel" / "models" / name
 
 
 def figures(passes: dict[str, list[list[dict[str, Any]]]]) -> list[Figure]:
@@ -141,10 +152,16 @@ def print_table(passes: dict[str, list[list[dict[str, Any]]]]) -> None:
                 rows.append([variant, str(index), str(r["round"]), str(r["rows"]),
                              f"{r['seconds']:.1f}", f"{r['train_seconds']:.1f}",
                              f"{r['tokens_per_s']:.0f}", padded,
-                             f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}"])  # fmt: skip
+                             f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}",
+                             _figure(r.get("kl_first")),
+                             _figure(r.get("outside_share"))])  # fmt: skip
     header = ["variant", "pass", "round", "rows", "round s", "trainer s", "tokens/s", "padded",
-              "loss"]  # fmt: skip
+              "loss", "KL first", "outside"]  # fmt: skip
     print(text_table(header, rows))
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 if __name__ == "__main__":

@@ -55,11 +55,13 @@ FLAGGED = (
     "train.learning_rate",
     "train.epochs",
     "train.batch_order",
+    "train.dtype",
     "train.processes",
 )
 RENAMED = {
     "outcome.bonus": "--outcome-bonus",
     "train.processes": "--train-processes",
+    "train.dtype": "--train-dtype",
     "collect.strategy.enabled": "--sge",
     "collect.retry.enabled": "--reflect-retry",
     "collect.revise.enabled": "--revise",

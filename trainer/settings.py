@@ -50,7 +50,11 @@ class TrainSettings(BaseModel):
     )
     seed: int = 0
     device: str = "auto"
-    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="auto: bfloat16 on a GPU or a CPU that computes it natively (AVX-512 BF16, "
+        "AMX), else float32",
+    )
     processes: int = Field(
         1,
         ge=1,

@@ -2,14 +2,14 @@
 
 Each run is `flywheel run` with the Makefile's defaults (the reviewer's arm: `--reviewer
 qwen2.5-coder-0.5b --config examples/reviewer.toml`; `overlap`: the same with `--overlap 1`, each
-round's training beside the next round's collection; `shuffled-float32`: the reviewer's arm trained
-as before batches of near length and bfloat16 on CPU; the policy alone: no flags), from an empty
-store in a folder of its own (and Prefect's temporary server, so that no run leaves one behind),
-the arms alternating so that a slow spell of the machine falls on all. From each run's summary: the
-wall time of the run and of each stage, and the held-out pass@1 of the version the gate kept
-serving, with its paired gain over the base model on the same tasks; and the table the run printed,
-as a user sees it. Each arm's final pass@1 is compared with the first arm's, with Welch's interval
-over runs.
+round's training beside the next round's collection; `shuffled-float32` and `length-bfloat16`: the
+reviewer's arm with the trainer's rows shuffled in float32, or in batches of near length in
+bfloat16; the policy alone: no flags), from an empty store in a folder of its own (and Prefect's
+temporary server, so that no run leaves one behind), the arms alternating so that a slow spell of
+the machine falls on all. From each run's summary: the wall time of the run and of each stage, and
+the held-out pass@1 of the version the gate kept serving, with its paired gain over the base model
+on the same tasks; and the table the run printed, as a user sees it. Each arm's final pass@1 is
+compared with the first arm's, with Welch's interval over runs.
 
     .venv/bin/python -m bench.run [--runs 3] [--arms reviewer,alone] [--json PATH]
 """
@@ -39,7 +39,7 @@ ARMS = {
         "1",
     ],
     "alone": [],
-    # The reviewer's arm trained as before length batches and bfloat16 on CPU.
+    # The reviewer's arm with the trainer's rows shuffled, in float32 (the default on a CPU)...
     "shuffled-float32": [
         "--reviewer",
         "qwen2.5-coder-0.5b",
@@ -49,6 +49,17 @@ ARMS = {
         "random",
         "--train-dtype",
         "float32",
+    ],
+    # ...and in batches of near length, in bfloat16: a faster training stage.
+    "length-bfloat16": [
+        "--reviewer",
+        "qwen2.5-coder-0.5b",
+        "--config",
+        "examples/reviewer.toml",
+        "--batch-order",
+        "length",
+        "--train-dtype",
+        "bfloat16",
     ],
 }
 STAGES = ("collect", "train", "merge", "swap", "evaluate")

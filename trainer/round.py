@@ -352,20 +352,9 @@ def _device(settings: TrainSettings) -> str:
 
 
 def _dtype(settings: TrainSettings) -> torch.dtype:
-    """`auto`: bfloat16 on a GPU, or on a CPU that computes it natively (AVX-512 BF16, AMX),
-    where a round trains 1.5x faster (`bench.train_stage`); else float32."""
     if settings.dtype == "auto":
-        native = _device(settings) == "cuda" or _cpu_computes_bfloat16()
-        return torch.bfloat16 if native else torch.float32
+        return torch.bfloat16 if _device(settings) == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]
-
-
-def _cpu_computes_bfloat16() -> bool:
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def _dataset(rows: list[TrainRow]) -> Any:

@@ -82,7 +82,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     for key in FLAGGED:
         field, default = _field(key)
         kind, choices = _kind(field.annotation)
-        text = field.description or key.replace("_", " ")
+        # argparse formats help with %: a description's own % is text.
+        text = (field.description or key.replace("_", " ")).replace("%", "%%")
         shown = int(default) if isinstance(default, bool) else default
         parser.add_argument(
             flag(key),

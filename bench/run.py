@@ -28,39 +28,15 @@ from bench.common import FLYWHEEL, ROOT, Figure, checkout_env, provenance, write
 from reports.intervals import mean_interval, welch_difference
 from reports.table import text_table
 
+REVIEWER = ["--reviewer", "qwen2.5-coder-0.5b", "--config", "examples/reviewer.toml"]
 ARMS = {
-    "reviewer": ["--reviewer", "qwen2.5-coder-0.5b", "--config", "examples/reviewer.toml"],
-    "overlap": [
-        "--reviewer",
-        "qwen2.5-coder-0.5b",
-        "--config",
-        "examples/reviewer.toml",
-        "--overlap",
-        "1",
-    ],
+    "reviewer": REVIEWER,
+    "overlap": [*REVIEWER, "--overlap", "1"],
     "alone": [],
     # The reviewer's arm with the trainer's rows shuffled, in float32 (the default on a CPU)...
-    "shuffled-float32": [
-        "--reviewer",
-        "qwen2.5-coder-0.5b",
-        "--config",
-        "examples/reviewer.toml",
-        "--batch-order",
-        "random",
-        "--train-dtype",
-        "float32",
-    ],
+    "shuffled-float32": [*REVIEWER, "--batch-order", "random", "--train-dtype", "float32"],
     # ...and in batches of near length, in bfloat16: a faster training stage.
-    "length-bfloat16": [
-        "--reviewer",
-        "qwen2.5-coder-0.5b",
-        "--config",
-        "examples/reviewer.toml",
-        "--batch-order",
-        "length",
-        "--train-dtype",
-        "bfloat16",
-    ],
+    "length-bfloat16": [*REVIEWER, "--batch-order", "length", "--train-dtype", "bfloat16"],
 }
 STAGES = ("collect", "train", "merge", "swap", "evaluate")
 

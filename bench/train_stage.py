@@ -5,8 +5,8 @@ with the settings it recorded, and each round trains from the base model (a new 
 process of its own, the variants alternating over `--passes` so that a slow spell of the machine
 falls on all of them:
 
-- `random`: float32, rows shuffled by the trainer (the stage before length batches);
-- `length`: float32, batches of rows of near length in a random order (the default);
+- `random`: float32, rows shuffled by the trainer (the default on a CPU);
+- `length`: float32, batches of rows of near length in a random order;
 - `length-bf16`: the same with the model in bfloat16 (`dtype = "bfloat16"`).
 
 Per variant and round: the round's seconds (model load, training, save), the trainer's own
@@ -87,14 +87,15 @@ def replay(db: str, variant: str) -> list[dict[str, Any]]:
     with store.transaction(engine) as session:
         rounds = [r for r in store.training_rounds(session, last=1000) if r.status == "done"]
         groups = {r.round_index: store.groups_by_id(session, r.group_ids) for r in rounds}
-        models = {r.round_index: store.policy_version(session, r.policy_in) for r in rounds}
+        # The base version records its folder: every version names its base.
+        bases = {r.round_index: base_folder(session, r.policy_in) for r in rounds}
     measured = []
     for record in rounds:
         settings = TrainSettings(**{**record.hyperparameters, **VARIANTS[variant]})
         with tempfile.TemporaryDirectory(prefix="bench-train-stage-") as scratch:
             result = train_round(
                 groups[record.round_index],
-                base_model=model_folder(models[record.round_index].base_model),
+                base_model=bases[record.round_index],
                 parent_adapter=None,
                 adapters_root=Path(scratch),
                 name=f"replay-r{record.round_index}",
@@ -116,10 +117,13 @@ def replay(db: str, variant: str) -> list[dict[str, Any]]:
     return measured
 
 
-def model_folder(name: str) -> Path:
-    """A version's base model: a folder, or a model built under `.flywheel/models`."""
-    path = Path(name)
-    return path if path.is_dir() else ROOT / ".flywheel" / "models" / name
+def base_folder(session: Any, version: str) -> Path:
+    """The folder of the base model `version` was trained from, as the run recorded it."""
+    from memory import store
+
+    base = store.policy_version(session, store.policy_version(session, version).base_model)
+    assert base.weights_path is not None, f"{base.name} has no recorded folder"
+    return Path(base.weights_path)
 
 
 def figures(passes: dict[str, list[list[dict[str, Any]]]]) -> list[Figure]:

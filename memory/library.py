@@ -208,7 +208,7 @@ def uses(session: Session, lesson_id: int) -> list[tuple[int, float | None]]:
 
 
 def used_in(session: Session, group_ids: list[int]) -> dict[int, int]:
-    """Entry id -> how many of these groups it was shown to."""
+    """Lesson id -> how many of these groups it was shown to."""
     query = (
         select(LessonUseRow.lesson_id, func.count())
         .where(LessonUseRow.group_id.in_(group_ids))

@@ -158,7 +158,8 @@ def train_round(
     rows = build_rows(groups, settings)
     if not rows:
         raise TrainerError("no trainable rows: every group lacked reward variance")
-    if settings.batch_order == "length":
+    ordered = settings.batch_order == "length"  # else the trainer shuffles the rows
+    if ordered:
         rows = length_batches(rows, settings.batch_size, settings.seed)
     published = adapters_root / name
     if folders.is_complete(published):
@@ -192,9 +193,7 @@ def train_round(
     shape = {
         "steps": trainer.state.global_step,
         "processes": trainer.args.world_size,
-        "padded_share": (
-            padded_share(rows, settings.batch_size) if settings.batch_order == "length" else None
-        ),
+        "padded_share": padded_share(rows, settings.batch_size) if ordered else None,
     }
     if not trainer.is_world_process_zero():  # another process of a distributed round
         return _result(published, rows, [], 0.0, started, step).model_copy(update=shape)

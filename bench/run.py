@@ -125,7 +125,8 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
     (Welch)."""
     found = []
     for arm, done in runs.items():
-        counts = "policy and reviewer" if arm == "reviewer" else "policy"
+        # Every arm that serves the reviewer learns from its answers, not the "reviewer" arm alone.
+        counts = "policy and reviewer" if "--reviewer" in ARMS[arm] else "policy"
         found.append(Figure.mean(f"{arm}: wall time of the command",
                                  [r["command_seconds"] for r in done], "s"))  # fmt: skip
         for stage in ("server_start", *STAGES, "total"):

@@ -3,7 +3,7 @@ through the gateway of `flywheel serve --source captured`, on a policy with LoRA
 Qwen2.5-Coder-0.5B), for a few minutes of its own traffic.
 
     .venv/bin/python -m bench.agent [--minutes 20] [--route evaluation|sessions]
-        [--held-out 32] [--concurrency 4] [--tool-choice required|auto]
+        [--held-out 32] [--concurrency 4] [--min-groups 16] [--tool-choice required|auto]
         [--policy smollm2|qwen2.5-coder-0.5b] [--reviewer qwen2.5-coder-0.5b]
         [--base-only] [--json PATH]
 
@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--route", choices=("evaluation", "sessions"), default="evaluation")
     parser.add_argument("--held-out", type=int, default=32, help="held-out sums, before and after")
     parser.add_argument("--concurrency", type=int, default=4, help="agent conversations at once")
+    parser.add_argument(
+        "--min-groups", type=int, default=16, help="groups a round waits for (flywheel serve's)"
+    )
     parser.add_argument(
         "--policy", choices=("smollm2", *REVIEWERS), default="smollm2", help="the agent's model"
     )
@@ -214,6 +217,7 @@ def _serve(
     port, db = free_port(), f"sqlite:///{scratch / 'agent.db'}"
     server_url, *reviewer = servers
     route = ["--evaluation", "examples.agent:evaluate"] if args.route == "evaluation" else []
+    route += ["--taskset", "examples.agent:Sums"]  # feedback verified by the agent's own rule
     config = scratch / "bench.toml"
     config.write_text(f'[train]\ndtype = "{args.train_dtype}"\n')
     route += ["--config", str(config)]
@@ -224,7 +228,7 @@ def _serve(
     command = [
         *FLYWHEEL, "serve", "--server-url", server_url,
         "--model", str(model), "--db", db, "--workdir", str(scratch), "--source", "captured",
-        "--gateway-port", str(port), "--train-every", "20", "--min-groups", "8",
+        "--gateway-port", str(port), "--train-every", "20", "--min-groups", str(args.min_groups),
         "--prefect-port", str(free_port()), *route,
     ]  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}

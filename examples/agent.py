@@ -10,6 +10,12 @@ it expected, for the gateway's verifier to score the session.
 `evaluate(base_url, model, api_key)` is the agent's own evaluation: the same agent, unmodified,
 pointed at `model`, on held-out tasks it never trains on, one score per task. The flywheel's gate
 calls it for a candidate version and for the serving one (`--evaluation`).
+
+`Sums` is the agent's task set (`--taskset examples.agent:Sums`): its train and held-out sums, and
+its own notion of a right answer (`correct`), with which the gateway scores a session whose
+feedback sends the expected answer, and the siblings and reviewer's answers grown from it. A
+task set's built-in verifier would judge the agent by another rule (answer tags), and rounds
+would learn that rule instead of the agent's.
 """
 
 from __future__ import annotations
@@ -51,6 +57,27 @@ def tasks(count: int, seed: int) -> list[tuple[str, str, int]]:
 
 def held_out(count: int) -> list[tuple[str, str, int]]:
     return tasks(count, HELD_OUT_SEED)
+
+
+class Sums:
+    """The agent's tasks and its rule for a right answer, as a flywheel task set reads them
+    (any object with these names; nothing here imports the flywheel)."""
+
+    system_prompt = SYSTEM
+
+    @staticmethod
+    def train_tasks(count: int, seed: int) -> list[tuple[str, str]]:
+        return [(question, str(answer)) for _, question, answer in tasks(count, seed)]
+
+    @staticmethod
+    def eval_tasks(count: int) -> list[tuple[str, str]]:
+        return [(question, str(answer)) for _, question, answer in held_out(count)]
+
+    @staticmethod
+    def verify(task: Any, completion: str) -> bool:
+        """Right when the reply ends on the expected sum (`task.answer`, as feedback sent it)."""
+        expected = str(task.answer).strip()
+        return expected.lstrip("-").isdigit() and correct(completion, int(expected))
 
 
 def solve(

@@ -55,6 +55,29 @@ def test_the_example_plugin_works_like_a_built_in_task_set() -> None:
     assert not catalog.is_episodic(EXAMPLE) and not catalog.runs_code(EXAMPLE)
 
 
+def test_the_example_agent_s_task_set_scores_a_reference_by_the_agent_s_own_rule() -> None:
+    """The gateway verifies `{session, reference}` feedback with `--taskset`; the agent's own
+    task set pays its plain final answer in full, and the answer a model writes as a second
+    tool call (its last number the right sum) nothing, as the agent's evaluation does."""
+    from examples.agent import correct
+
+    agent = "examples.agent:Sums"
+    task = Task(task_id="t", taskset=agent, split="train", question="What is 1 + 2?", answer="3")
+    for reply, right in [
+        ("3", True), ("The sum is 3.", True), ("tool result: 3", True),
+        ("<answer>3</answer>", False), ("4", False), ("", False),
+        ('{"name": "output", "arguments": {"value": 3}}', False),
+    ]:  # fmt: skip
+        verdict = catalog.verify(task, reply)
+        assert (verdict.correct, verdict.reward) == (right, float(right)), reply
+        assert correct(reply, 3) is right  # the same rule as the agent's own evaluation
+    assert catalog.verify(task.model_copy(update={"answer": "three"}), "three").reward == 0.0
+    held_out = catalog.eval_tasks(agent, 4)
+    assert not {t.question for t in held_out} & {
+        t.question for t in catalog.train_tasks(agent, 64, seed=1, held_out=held_out)
+    }
+
+
 def test_an_object_with_the_names_is_a_task_set_and_its_scores_become_verdicts(
     plugin_dir: Path,
 ) -> None:

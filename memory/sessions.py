@@ -128,7 +128,7 @@ def stitch_turns(turns: list[Group]) -> Attempt | str:
     return stitch([g.attempts[0] for g in turns if g.attempts])
 
 
-def session_turns(session: Session) -> dict[str, list[Group]]:
+def session_turns(db: Session) -> dict[str, list[Group]]:
     """Captured turns by session (each session's turns oldest first)."""
     query = (
         select(RolloutGroupRow)
@@ -137,22 +137,22 @@ def session_turns(session: Session) -> dict[str, list[Group]]:
         .order_by(RolloutGroupRow.id)
     )
     found: dict[str, list[Group]] = defaultdict(list)
-    for row in session.scalars(query):
+    for row in db.scalars(query):
         group = group_record(row)
         found[str(group.plan.session)].append(group)
     return dict(found)
 
 
-def episodes(session: Session) -> dict[str, Attempt | str]:
+def episodes(db: Session) -> dict[str, Attempt | str]:
     """Every captured session, stitched (or the reason it could not be)."""
-    return {sid: stitch_turns(turns) for sid, turns in session_turns(session).items()}
+    return {sid: stitch_turns(turns) for sid, turns in session_turns(db).items()}
 
 
-def episode_groups(session: Session, min_episodes: int = 2, rated: bool = True) -> list[Group]:
+def episode_groups(db: Session, min_episodes: int = 2, rated: bool = True) -> list[Group]:
     """Groups of stitched episodes not yet adopted by a round, one per task tag with at least
     `min_episodes`: the rated episodes, or (`rated` off) the unrated ones, for a judge."""
     by_task: dict[str, list[tuple[str, Attempt, str]]] = defaultdict(list)
-    for sid, turns in session_turns(session).items():
+    for sid, turns in session_turns(db).items():
         if _taken(turns):
             continue
         task = turns[0].plan.task
@@ -175,13 +175,13 @@ def replay_tokens(turn: Attempt) -> int:
     return min(turn.sampling.max_tokens or REPLY_TOKENS, MOST_REPLY_TOKENS)
 
 
-def held_out_turns(session: Session, limit: int) -> dict[str, list[Attempt]]:
+def held_out_turns(db: Session, limit: int) -> dict[str, list[Attempt]]:
     """The assistant turns of held-out sessions (never trained on), by session, newest sessions
     first, at most `limit` turns in all: each turn's logged prompt ids are the prefix a
     candidate and the serving version answer when the gate compares them."""
     found: dict[str, list[Attempt]] = {}
     taken = 0
-    for sid, turns in reversed(session_turns(session).items()):
+    for sid, turns in reversed(session_turns(db).items()):
         if not turns[0].plan.held_out or taken >= limit:
             continue
         answered = [g.attempts[0] for g in turns if g.attempts and g.attempts[0].sample]
@@ -190,11 +190,11 @@ def held_out_turns(session: Session, limit: int) -> dict[str, list[Attempt]]:
     return {sid: turns for sid, turns in found.items() if turns}
 
 
-def lone_sessions(session: Session, min_episodes: int = 2) -> dict[str, list[Group]]:
+def lone_sessions(db: Session, min_episodes: int = 2) -> dict[str, list[Group]]:
     """Sessions that would never form a group: their task was met by fewer than `min_episodes`
     sessions (a session with no task tag is a task of its own). Only those a round may still
     train on: not held out, not adopted, stitched, with no siblings yet and none of their own."""
-    by_session = session_turns(session)
+    by_session = session_turns(db)
     met = Counter(
         t[0].plan.task for t in by_session.values() if t[0].plan.task and not t[0].plan.held_out
     )
@@ -210,12 +210,12 @@ def lone_sessions(session: Session, min_episodes: int = 2) -> dict[str, list[Gro
     return lone
 
 
-def add_siblings(session: Session, sid: str, siblings: list[Attempt]) -> list[str]:
+def add_siblings(db: Session, sid: str, siblings: list[Attempt]) -> list[str]:
     """Store `siblings` (episodes: the session's turns with its last answer sampled again) as
     sessions of their own, tied to `sid` (`sibling_of`, so lineage reaches the session) and
     filed under its task (the session's own name when it had none); `sid` is marked, so it gets
     siblings once. Returns the siblings' session names."""
-    rows = list(session.scalars(captured_turns(sid)))
+    rows = list(db.scalars(captured_turns(sid)))
     plan = row_plan(rows[0])
     task = plan.task or sid
     for row in rows:
@@ -229,9 +229,9 @@ def add_siblings(session: Session, sid: str, siblings: list[Attempt]) -> list[st
             size=1, attempts=[episode.model_copy(update={"sample_index": 0})],
             plan=GroupPlan(session=name, task=task, owner=plan.owner, sibling_of=sid),
         )  # fmt: skip
-        save_group(session, group)
+        save_group(db, group)
         names.append(name)
-    session.flush()
+    db.flush()
     return names
 
 
@@ -258,14 +258,14 @@ def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
 
 
 def adopt(
-    session: Session, round_index: int, policy_version: str, min_episodes: int = 2
+    db: Session, round_index: int, policy_version: str, min_episodes: int = 2
 ) -> list[Group]:
     """Store the new episode groups as train groups of `round_index` (under the version that
     samples that round, where the round looks for them) and mark their turns as taken; a task
     that already has a group in the round waits for the next one. Returns the groups stored."""
-    taken = {g.task_id for g in load_groups(session, "train", round_index, policy_version)}
+    taken = {g.task_id for g in load_groups(db, "train", round_index, policy_version)}
     adopted = []
-    for group in episode_groups(session, min_episodes):
+    for group in episode_groups(db, min_episodes):
         if group.task_id in taken:
             continue
         train = group.model_copy(
@@ -275,17 +275,17 @@ def adopt(
                 "policy_version": policy_version,
             }
         )
-        group_id = save_group(session, train)
+        group_id = save_group(db, train)
         for sid in group.plan.sessions:
-            for row in session.scalars(captured_turns(sid)):
+            for row in db.scalars(captured_turns(sid)):
                 retag(row, trained_in=round_index)
         adopted.append(train.model_copy(update={"id": group_id}))
-    session.flush()
+    db.flush()
     return adopted
 
 
 def session_page(
-    session: Session, limit: int = 50, offset: int = 0
+    db: Session, limit: int = 50, offset: int = 0
 ) -> tuple[list[CapturedSession], int]:
     """Captured sessions (siblings aside), the last active first: one page, and how many
     there are in all (counted over the same scan; a second query only past the last page)."""
@@ -307,12 +307,12 @@ def session_page(
         .limit(limit)
         .offset(offset)
     )  # fmt: skip
-    rows = session.execute(query).all()
+    rows = db.execute(query).all()
     if rows:
         total = int(rows[0][-1])
     else:
-        total = session.scalar(select(func.count(func.distinct(name))).where(own)) or 0
-    last = _verdicts(session, [row[-2] for row in rows])
+        total = db.scalar(select(func.count(func.distinct(name))).where(own)) or 0
+    last = _verdicts(db, [row[-2] for row in rows])
     page = [
         CapturedSession(
             name=sid,
@@ -330,18 +330,18 @@ def session_page(
     return page, total
 
 
-def _verdicts(session: Session, turns: list[int]) -> dict[int, tuple[float, str]]:
+def _verdicts(db: Session, turns: list[int]) -> dict[int, tuple[float, str]]:
     """Each captured turn's reward and the reason it was given, by the turn's group id."""
     query = select(AttemptRow.group_id, AttemptRow.reward, AttemptRow.reason).where(
         AttemptRow.group_id.in_(turns)
     )
-    return {turn: (reward, reason) for turn, reward, reason in session.execute(query)}
+    return {turn: (reward, reason) for turn, reward, reason in db.execute(query)}
 
 
-def hold_out(session: Session, session_id: str) -> int:
+def hold_out(db: Session, session_id: str) -> int:
     """Keep a session out of training, to judge new versions with; the turns marked. A session
     a round already trained on cannot judge (`StoreError`); an unknown one is `NotFound`."""
-    turns = list(session.scalars(captured_turns(session_id)))
+    turns = list(db.scalars(captured_turns(session_id)))
     if not turns:
         raise NotFound(f"unknown session {session_id!r}")
     trained = next((r for row in turns if (r := row_plan(row).trained_in) is not None), None)
@@ -349,26 +349,26 @@ def hold_out(session: Session, session_id: str) -> int:
         raise StoreError(f"session {session_id!r} trained round {trained}: it cannot judge")
     for row in turns:
         retag(row, held_out=True)
-    session.flush()
+    db.flush()
     return len(turns)
 
 
-def forget(session: Session, session_id: str) -> tuple[int, int]:
+def forget(db: Session, session_id: str) -> tuple[int, int]:
     """Delete a session's captured turns, its siblings, and the train groups that adopted it or
     them; how many turns and groups. `NotFound` when there is neither."""
-    turns = [row.id for row in session.scalars(captured_turns(session_id))]
-    turns += [row.id for row in session.scalars(siblings_of(session_id))]
+    turns = [row.id for row in db.scalars(captured_turns(session_id))]
+    turns += [row.id for row in db.scalars(siblings_of(session_id))]
     adopted_by = select(RolloutGroupRow).where(
         RolloutGroupRow.purpose == "train", RolloutGroupRow.taskset == CAPTURED
     )
     adopted = [
         row.id
-        for row in session.scalars(adopted_by)
+        for row in db.scalars(adopted_by)
         if any(_of(name, session_id) for name in row_plan(row).sessions)
     ]
     if not turns and not adopted:
         raise NotFound(f"unknown session {session_id!r}")
-    session.execute(delete(RolloutGroupRow).where(RolloutGroupRow.id.in_(turns + adopted)))
+    db.execute(delete(RolloutGroupRow).where(RolloutGroupRow.id.in_(turns + adopted)))
     return len(turns), len(adopted)
 
 

@@ -93,7 +93,7 @@ class Figure:
 def provenance() -> dict[str, Any]:
     """The command line, commit, UTC date and machine of this run."""
     module = f"bench.{Path(sys.argv[0]).stem}"
-    command = shlex.join([".venv/bin/python", "-m", module, *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "-m", module, *map(portable, sys.argv[1:])])
     return {
         "command": command,
         "commit": _git("rev-parse", "--short", "HEAD"),
@@ -112,6 +112,19 @@ def provenance() -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine(),
     }
+
+
+def portable(argument: str) -> str:
+    """A command-line argument as another checkout would write it: a path under the repository
+    relative to it, any other absolute path by its name alone (it names this machine only)."""
+    flag, equals, value = (
+        argument.rpartition("=") if argument.startswith("--") else ("", "", argument)
+    )
+    if not value.startswith("/"):
+        return argument
+    path = Path(value)
+    value = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+    return f"{flag}{equals}{value}"
 
 
 def write_results(

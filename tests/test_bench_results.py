@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import Figure
+from bench.common import ROOT, Figure, portable
 from bench.results import PAGE, RESULTS, Result, load, render
 
 
@@ -23,6 +23,15 @@ def test_every_results_file_records_how_it_was_made() -> None:
         assert result.command.startswith(".venv/bin/python -m bench."), result.path
         assert made["commit"] and made["date"] and made["machine"]["cores"], result.path
         assert result.figures, result.path
+
+
+def test_a_recorded_command_names_no_folder_of_the_machine_that_ran_it() -> None:
+    assert portable(str(ROOT / "bench/results/agent.json")) == "bench/results/agent.json"
+    assert portable("/tmp/scratch-1/agent.json") == "agent.json"
+    assert portable("--json=/tmp/scratch-1/agent.json") == "--json=agent.json"
+    assert portable("--minutes") == "--minutes" and portable("30") == "30"
+    for result in load():
+        assert ROOT.as_posix() not in result.command and " /" not in result.command, result.path
 
 
 def test_a_file_without_provenance_is_refused_by_name(tmp_path: Path) -> None:

@@ -8,12 +8,29 @@ serve, deploy, worker), `cli.inspection` (status, lineage, library, strategies, 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 from cli.parser import EXIT_BAD_INPUT, build
 from flows.errors import FlowError
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound as Ctrl-C is: the model servers and the gateway a command started stop
+    on the way out, not some seconds after it."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("httpx", "httpx2", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    with _terminated_as_interrupt():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args) or 0)
+    except _Terminated:
+        print("flywheel: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("flywheel: interrupted", file=sys.stderr)
         return 130
@@ -42,6 +67,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"flywheel: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises `_Terminated` while a command runs (in the main thread, where signals
+    land); the handler before is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _one_line(exc: Exception) -> str | None:

@@ -464,3 +464,34 @@ def test_servers_side_by_side_are_all_launched_before_any_is_waited_on(monkeypat
         "launch policy", "launch reviewer", "wait policy", "wait reviewer",
         "close reviewer", "close policy",
     ]  # fmt: skip
+
+
+def test_sigterm_unwinds_a_command_so_what_it_started_stops_first(tmp_path: Path) -> None:
+    """`kill` of a command runs its cleanup (the servers it started stop on the way out) and
+    ends it with 143, as Ctrl-C does with 130."""
+    cleaned = tmp_path / "cleaned"
+    script = f"""
+import pathlib, sys, time
+import cli.main as m
+
+def slow(args):
+    print("started", flush=True)
+    try:
+        time.sleep(60)
+    finally:
+        pathlib.Path({str(cleaned)!r}).write_text("stopped")
+
+class Parsed:
+    handler = staticmethod(slow)
+
+m.build = lambda: type("Parser", (), {{"parse_args": lambda self, argv: Parsed()}})()
+sys.exit(m.main([]))
+"""
+    command = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert command.stdout is not None and command.stdout.readline() == "started\n"
+    command.terminate()
+    assert command.wait(timeout=30) == 143
+    assert cleaned.read_text() == "stopped"
+    assert "flywheel: terminated" in (command.stderr.read() if command.stderr else "")

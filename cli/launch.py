@@ -295,7 +295,12 @@ def run_settings(args: argparse.Namespace, **fixed: Any) -> Any:
     fixed = {"db_url": db_url(args), "workdir": args.workdir, **fixed}
     settings = flags.run_settings(args, fixed)
     check(settings.taskset)
-    if settings.collect.guided_fraction > 0 and not has_worked_example(settings.taskset):
+    generates = settings.source != "captured"  # captured traffic alone guides no attempt
+    if (
+        generates
+        and settings.collect.guided_fraction > 0
+        and not has_worked_example(settings.taskset)
+    ):
         raise VerifierError(
             f"task set {settings.taskset!r} has no worked example for guided attempts to show: "
             "give it one, or run with --guided-fraction 0"

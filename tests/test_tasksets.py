@@ -237,7 +237,9 @@ def test_a_task_record_keeps_its_id_and_takes_the_plugin_s_name() -> None:
 
 
 def test_guided_attempts_need_a_worked_example(plugin_dir: Path, tmp_path: Path, capsys) -> None:
+    from cli.launch import run_settings
     from cli.main import main
+    from cli.parser import build
 
     write(
         plugin_dir,
@@ -254,3 +256,9 @@ def test_guided_attempts_need_a_worked_example(plugin_dir: Path, tmp_path: Path,
     assert code == 2 and err.count("\n") == 1
     assert "has no worked example for guided attempts to show" in err
     assert "--guided-fraction 0" in err
+    # rounds on captured traffic alone generate no attempt, so nothing needs the example
+    flags = ["--workdir", str(tmp_path), "--source", "captured", "--taskset", "fw_plugin_bare:bare"]
+    args = build().parse_args(
+        ["serve", "--server-url", "http://127.0.0.1:9", *flags, "--guided-fraction", "0.5"]
+    )
+    assert run_settings(args).taskset == "fw_plugin_bare:bare"

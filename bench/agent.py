@@ -4,7 +4,7 @@ Qwen2.5-Coder-0.5B), for a few minutes of its own traffic.
 
     .venv/bin/python -m bench.agent [--minutes 20] [--route evaluation|sessions]
         [--held-out 32] [--concurrency 4] [--min-groups 16] [--tool-choice required|auto]
-        [--policy smollm2|qwen2.5-coder-0.5b] [--reviewer qwen2.5-coder-0.5b]
+        [--policy smollm2|qwen2.5-coder-0.5b] [--reviewer qwen2.5-coder-0.5b] [--train-batch 4]
         [--base-only] [--json PATH]
 
 With `--reviewer`, a reviewer served beside the policy (each on cores of its own) answers the
@@ -89,6 +89,11 @@ def main() -> None:
     parser.add_argument(
         "--train-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
         help="the trainer's dtype (bfloat16 halves its memory beside two model servers)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--train-batch", type=int, default=4,
+        help="rows per training step (8, the default of flywheel's, ran out of memory beside "
+        "two model servers on episodes of ~400 tokens)",
     )  # fmt: skip
     parser.add_argument(
         "--base-only", action="store_true", help="the base model on the held-out sums alone: "
@@ -219,7 +224,7 @@ def _serve(
     route = ["--evaluation", "examples.agent:evaluate"] if args.route == "evaluation" else []
     route += ["--taskset", "examples.agent:Sums"]  # feedback verified by the agent's own rule
     config = scratch / "bench.toml"
-    config.write_text(f'[train]\ndtype = "{args.train_dtype}"\n')
+    config.write_text(f'[train]\ndtype = "{args.train_dtype}"\nbatch_size = {args.train_batch}\n')
     route += ["--config", str(config)]
     if reviewer:
         url, name = reviewer[0]

@@ -17,9 +17,12 @@ from.
    would.
 4. Siblings are sampled at the session's temperature (1.0 where it was greedy, which would
    repeat the answer) and stored as sessions of the same task tied to it (`sibling_of`), so
-   `flywheel lineage` and `forget` reach them. Up to 16 sessions are served at once (one
-   sibling after another within each). A server that fails raises, and the siblings of the
-   sessions not yet done are not stored.
+   `flywheel lineage` and `forget` reach them. Up to 8 sessions are served at once (one
+   sibling after another within each), beside the live traffic the same server answers. A
+   server too busy to answer in time (`ServerBusy`) ends this check's growing, not the check:
+   the sessions done are stored, the rest wait for the next check, and the round trains on
+   what is ready. A server that fails otherwise raises, and the siblings of the sessions not
+   yet done are not stored.
 5. With HeRL on (`--revise 1`) and a reviewer, a verified session none of whose answers (its
    own, its siblings') reached full reward gets the reviewer's answer at that turn: the
    reviewer reads the transcript as text (the tools' results included) and writes the
@@ -40,7 +43,7 @@ from typing import Any
 
 import anyio
 
-from agents.errors import PolicyError
+from agents.errors import PolicyError, ServerBusy
 from agents.policy import Endpoint, PolicyClient
 from flows.settings import RunSettings
 from flows.stages import reviewer_endpoint
@@ -51,7 +54,7 @@ from verifiers.catalog import averify
 from verifiers.errors import TaskFault
 
 log = logging.getLogger(__name__)
-SESSIONS_AT_ONCE = 16  # sessions whose siblings are sampled at once (the server batches them)
+SESSIONS_AT_ONCE = 8  # sessions whose siblings are sampled at once, beside the live traffic
 REVIEW = (
     "Below is a conversation between a user and an assistant that calls tools, with each "
     "tool's result. Write the assistant's next reply to the user, following the system "
@@ -81,6 +84,7 @@ async def grow_with(
         lone = sessions.lone_sessions(session)
     grown = 0
     limiter = anyio.CapacityLimiter(SESSIONS_AT_ONCE)
+    busy: list[ServerBusy] = []
 
     async def one(sid: str, turns: list[Group]) -> None:
         nonlocal grown
@@ -88,7 +92,13 @@ async def grow_with(
         if reference is None and not _judged(turns, settings):
             return
         async with limiter:
-            drawn, scores = await _siblings(settings, (policy, reviewer), turns, reference)
+            if busy:
+                return  # the server is behind: this session waits for the next check
+            try:
+                drawn, scores = await _siblings(settings, (policy, reviewer), turns, reference)
+            except ServerBusy as exc:
+                busy.append(exc)
+                return
         with store.transaction(db) as session:
             names = sessions.add_siblings(session, sid, [episode for episode, _ in drawn])
             for name, (score, reason) in zip(names, scores, strict=False):
@@ -101,6 +111,8 @@ async def grow_with(
                 group.start_soon(one, sid, turns)
     except* Exception as failed:  # a server that failed: its own error, not a group of them
         raise failed.exceptions[0] from None
+    if busy:
+        log.warning("siblings stop for this check, the rest wait for the next: %s", busy[0])
     if grown:
         log.info("%d siblings sampled for %d lone sessions", grown, len(lone))
     return grown

@@ -467,6 +467,38 @@ def test_a_task_met_once_gets_siblings_from_its_last_turn_scored_as_it_was(captu
         assert set(session_turns(session)) == {mine("by-hand"), mine("unscored")}
 
 
+def test_a_busy_server_ends_a_check_s_siblings_and_the_rest_wait_for_the_next(
+    capturing, monkeypatch
+) -> None:
+    """Siblings share the server with live traffic: a deadline passed under load stops this
+    check's growing (the training check goes on to train on what is ready), and the sessions
+    left get their siblings at the next check."""
+    import anyio
+
+    from agents.errors import ServerBusy
+    from flows import siblings
+    from flows.settings import RunSettings
+
+    client, engine = capturing(taskset="arithmetic")
+    with client:
+        for name in ("first", "second"):
+            converse(client, {"X-Flywheel-Session": name, "X-Flywheel-Task": name})
+            client.post("/v1/feedback", json={"session": name, "reference": "5"})
+    settings = RunSettings(db_url=str(engine.url), source="captured")
+    policy = Endpoint(client_for(completions_server(["5", "7"], [])), "v1")
+    sample = siblings._siblings
+
+    async def crowded(*args, **kwargs):
+        raise ServerBusy("http://policy gave no answer in 60 s (24 requests in flight)", 24)
+
+    monkeypatch.setattr(siblings, "_siblings", crowded)
+    assert anyio.run(siblings.grow_with, settings, policy) == 0  # no raise: nothing lost
+    monkeypatch.setattr(siblings, "_siblings", sample)
+    assert anyio.run(siblings.grow_with, settings, policy) == 6  # both, at the next check
+    with store.transaction(engine) as session:
+        assert len(episode_groups(session)) == 2
+
+
 def test_an_unrated_session_met_once_is_judged_with_its_siblings(capturing, monkeypatch) -> None:
     import anyio
 

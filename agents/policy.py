@@ -85,6 +85,14 @@ class PolicyClient:
     def url(self) -> str:
         return self._root
 
+    async def healthy(self, timeout_s: float = 10.0) -> bool:
+        """Whether the server answers its health check (at once, even under load)."""
+        try:
+            response = await self._http.get(f"{self._root}/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
     async def aclose(self) -> None:
         await self._client.close()
         await self._http.aclose()

@@ -43,7 +43,7 @@ from typing import Any
 
 import anyio
 
-from agents.errors import PolicyError, ServerBusy
+from agents.errors import PolicyError, ServerUnavailable
 from agents.policy import Endpoint, PolicyClient
 from flows.settings import RunSettings
 from flows.stages import reviewer_endpoint
@@ -84,7 +84,7 @@ async def grow_with(
         lone = sessions.lone_sessions(session)
     grown = 0
     limiter = anyio.CapacityLimiter(SESSIONS_AT_ONCE)
-    busy: list[ServerBusy] = []
+    busy: list[ServerUnavailable] = []
 
     async def one(sid: str, turns: list[Group]) -> None:
         nonlocal grown
@@ -96,7 +96,9 @@ async def grow_with(
                 return  # the server is behind: this session waits for the next check
             try:
                 drawn, scores = await _siblings(settings, (policy, reviewer), turns, reference)
-            except ServerBusy as exc:
+            except ServerUnavailable as exc:
+                if not await _up(policy, reviewer):
+                    raise
                 busy.append(exc)
                 return
         with store.transaction(db) as session:
@@ -116,6 +118,12 @@ async def grow_with(
     if grown:
         log.info("%d siblings sampled for %d lone sessions", grown, len(lone))
     return grown
+
+
+async def _up(*endpoints: Endpoint | None) -> bool:
+    """Whether every server answers its health check (a request that timed out on a server that
+    is up met load, not an outage)."""
+    return all([await e.client.healthy() for e in endpoints if e is not None])
 
 
 async def _siblings(

@@ -470,12 +470,13 @@ def test_a_task_met_once_gets_siblings_from_its_last_turn_scored_as_it_was(captu
 def test_a_busy_server_ends_a_check_s_siblings_and_the_rest_wait_for_the_next(
     capturing, monkeypatch
 ) -> None:
-    """Siblings share the server with live traffic: a deadline passed under load stops this
-    check's growing (the training check goes on to train on what is ready), and the sessions
-    left get their siblings at the next check."""
+    """Siblings share the server with live traffic, which their client's deadlines do not
+    see: no answer in time from a server that is up stops this check's growing (the training
+    check goes on to train on what is ready), and the sessions left get their siblings at the
+    next check. A server that is down still fails the check."""
     import anyio
 
-    from agents.errors import ServerBusy
+    from agents.errors import ServerUnavailable
     from flows import siblings
     from flows.settings import RunSettings
 
@@ -485,14 +486,26 @@ def test_a_busy_server_ends_a_check_s_siblings_and_the_rest_wait_for_the_next(
             converse(client, {"X-Flywheel-Session": name, "X-Flywheel-Task": name})
             client.post("/v1/feedback", json={"session": name, "reference": "5"})
     settings = RunSettings(db_url=str(engine.url), source="captured")
-    policy = Endpoint(client_for(completions_server(["5", "7"], [])), "v1")
+    answers = completions_server(["5", "7"], [])
+    up = {"health": 200}
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/health"):
+            return httpx.Response(up["health"])
+        return answers(request)
+
+    policy = Endpoint(client_for(server), "v1")
     sample = siblings._siblings
 
     async def crowded(*args, **kwargs):
-        raise ServerBusy("http://policy gave no answer in 60 s (24 requests in flight)", 24)
+        raise ServerUnavailable("http://policy gave no answer in 76 s (8 requests in flight)")
 
     monkeypatch.setattr(siblings, "_siblings", crowded)
     assert anyio.run(siblings.grow_with, settings, policy) == 0  # no raise: nothing lost
+    up["health"] = 503
+    with pytest.raises(ServerUnavailable, match="no answer"):
+        anyio.run(siblings.grow_with, settings, policy)
+    up["health"] = 200
     monkeypatch.setattr(siblings, "_siblings", sample)
     assert anyio.run(siblings.grow_with, settings, policy) == 6  # both, at the next check
     with store.transaction(engine) as session:

@@ -58,25 +58,29 @@ class Readiness:
         return self._served.get(version, version)
 
     async def ensure(
-        self, model: str, wait_s: float | None = None, swap: bool = False, any_weights: bool = False
+        self,
+        version: str,
+        wait_s: float | None = None,
+        swap: bool = False,
+        any_weights: bool = False,
     ) -> None:
-        """Return once the server generates with `model`; raise `ServerUnavailable` when it has
+        """Return once the server generates with `version`; raise `ServerUnavailable` when it has
         not within `wait_s` (default: the outage allowance). `swap`: a merged-weights server
-        holding other weights is swapped to `model`'s (a flow's stage), else waited for.
+        holding other weights is swapped to `version`'s (a flow's stage), else waited for.
         `any_weights`: a merged-weights server may hold any version (a preflight)."""
-        if time.monotonic() - self._ok_at.get(model, -FRESH_S) < FRESH_S:
+        if time.monotonic() - self._ok_at.get(version, -FRESH_S) < FRESH_S:
             return
         deadline = time.monotonic() + (self.outage_s if wait_s is None else wait_s)
         delay, warned = 1.0, False
         while True:
-            reason = await anyio.to_thread.run_sync(self.check, model, swap, any_weights)
+            reason = await anyio.to_thread.run_sync(self.check, version, swap, any_weights)
             if reason is None:
                 if warned:
-                    log.warning("%s generates with %s again", self.server_url, model)
+                    log.warning("%s generates with %s again", self.server_url, version)
                 return
             if time.monotonic() + delay > deadline:
                 raise ServerUnavailable(
-                    f"the model server at {self.server_url} does not generate with {model}: "
+                    f"the model server at {self.server_url} does not generate with {version}: "
                     f"{reason}"
                 )
             if not warned:
@@ -85,64 +89,64 @@ class Readiness:
             await anyio.sleep(delay)
             delay = min(2 * delay, MAX_DELAY_S)
 
-    def check(self, model: str, swap: bool = False, any_weights: bool = False) -> str | None:
+    def check(self, version: str, swap: bool = False, any_weights: bool = False) -> str | None:
         """One probe (restoring lost weights first, where allowed); None when it generates
-        with `model`, else why not."""
+        with `version`, else why not."""
         label = weights.weight_version(self.server_url)
         if label is not None:
-            reason = self._check_merged(model, label, swap, any_weights)
+            reason = self._check_merged(version, label, swap, any_weights)
         else:
-            reason = self._check_named(model)
+            reason = self._check_named(version)
         if reason is None and not any_weights:
-            self._ok_at[model] = time.monotonic()
+            self._ok_at[version] = time.monotonic()
         elif reason is not None:
-            self._ok_at.pop(model, None)
+            self._ok_at.pop(version, None)
         return reason
 
-    def _check_named(self, model: str) -> str | None:
+    def _check_named(self, version: str) -> str | None:
         with httpx.Client(
             base_url=self.server_url, timeout=PROBE_TIMEOUT_S, headers=access.headers()
         ) as client:
-            found = probe.generation(client, model)
-            if not found.ok and found.status == 404 and self._restore_adapter(model):
-                found = probe.generation(client, model)
+            found = probe.generation(client, version)
+            if not found.ok and found.status == 404 and self._restore_adapter(version):
+                found = probe.generation(client, version)
         return None if found.ok else found.reason
 
-    def _check_merged(self, model: str, label: str, swap: bool, any_weights: bool) -> str | None:
+    def _check_merged(self, version: str, label: str, swap: bool, any_weights: bool) -> str | None:
         try:
             served = adapters.loaded_models(self.server_url)[0]
         except (httpx.HTTPError, IndexError) as exc:
             return f"no model listed: {exc}"
-        holds = any_weights or label == model or (model == served and label in BASE_LABELS)
+        holds = any_weights or label == version or (version == served and label in BASE_LABELS)
         if not holds:
             if not swap:
-                return f"it holds the weights of {label}, not {model}"
-            if (failure := self._swap_to(model, served)) is not None:
+                return f"it holds the weights of {label}, not {version}"
+            if (failure := self._swap_to(version, served)) is not None:
                 return failure
-        self._served[model] = served
+        self._served[version] = served
         with httpx.Client(
             base_url=self.server_url, timeout=PROBE_TIMEOUT_S, headers=access.headers()
         ) as client:
             found = probe.generation(client, served)
         return None if found.ok else found.reason
 
-    def _swap_to(self, model: str, served: str) -> str | None:
-        """Reload `model`'s merged weights in place; None when done, else why not."""
+    def _swap_to(self, version: str, served: str) -> str | None:
+        """Reload `version`'s merged weights in place; None when done, else why not."""
         with self._swapping:
-            version, base = self._version(model), None
-            if version is not None:
-                base = self._version(version.base_model)
-            if version is None or version.weights_path is None:
-                return f"the store has no merged weights for {model}"
+            record, base = self._version(version), None
+            if record is not None:
+                base = self._version(record.base_model)
+            if record is None or record.weights_path is None:
+                return f"the store has no merged weights for {version}"
             base_folder = Path(base.weights_path) if base and base.weights_path else None
             if base_folder is None:
-                return f"the store has no model folder for the base {version.base_model}"
-            target = weights.Served(version=model, folder=Path(version.weights_path))
+                return f"the store has no model folder for the base {record.base_model}"
+            target = weights.Served(version=version, folder=Path(record.weights_path))
             try:
                 report = weights.serve(self.server_url, served, target, base_folder)
             except (ServingError, httpx.HTTPError) as exc:
-                return f"swapping to {model} failed: {exc}"
-        log.info("%s now holds %s (%.1f s)", self.server_url, model, report.seconds)
+                return f"swapping to {version} failed: {exc}"
+        log.info("%s now holds %s (%.1f s)", self.server_url, version, report.seconds)
         return None
 
     def _version(self, name: str) -> PolicyVersion | None:

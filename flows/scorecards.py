@@ -14,6 +14,10 @@ built-in task set.
    (`agents.pairwise`). A session's margin is its turns' mean (+1 a win, -1 a loss, 0 a tie);
    the scorecard (`win margin`) is the mean over sessions with Student's 95% interval, so a
    long session weighs as one. A turn the judge could not decide is left out.
+   A held-out session whose feedback sent a reference is scored by its own reward source, as
+   its siblings would be: at its last turn both versions' answers are verified against the
+   reference by the task set's verifier, and its margin is the candidate's reward minus the
+   serving version's. No judge's taste enters where the user said what is right.
 3. The gate (`serving.promotion`) promotes on a margin only when its interval is above zero. A
    server that fails while judging fails the stage: no scorecard is recorded from it.
 """
@@ -25,7 +29,7 @@ import logging
 import math
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -40,8 +44,9 @@ from flows.stages import reviewer_endpoint
 from memory import sessions, store
 from memory.records import Attempt, SamplingSettings, Scorecard
 from reports.intervals import mean_interval
-from serving import access
+from serving import access, capture
 from verifiers import plugin
+from verifiers.catalog import averify
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = 8  # turns compared at once
@@ -99,17 +104,44 @@ async def sessions_card(
     settings: RunSettings, server_url: str, candidate: str, serving: str
 ) -> Scorecard:
     with store.transaction(store.shared_engine(settings.db_url)) as session:
+        verified = sessions.held_out_references(session, settings.gate.turns)
         held_out = sessions.held_out_turns(session, settings.gate.turns)
+    held_out = {sid: turns for sid, turns in held_out.items() if sid not in verified}
     policy = PolicyClient(server_url)
     judge = reviewer_endpoint(settings) or Endpoint(policy, serving)
     try:
         duel = Duel(Endpoint(policy, candidate), Endpoint(policy, serving), judge)
-        margins = await compare(held_out, duel)
+        judged = await compare(held_out, duel)
+        margins = {sid: [float(m) for m in won] for sid, won in judged.items()}
+        margins |= await compare_verified(verified, duel, settings.taskset)
     finally:
         await policy.aclose()
         if judge.client is not policy:
             await judge.client.aclose()
-    return card(margins, judge.model, serving)
+    return card(margins, judge.model, serving, (settings.taskset, len(verified)))
+
+
+async def compare_verified(
+    verified: dict[str, tuple[Attempt, str, str]], duel: Duel, taskset: str
+) -> dict[str, list[float]]:
+    """Each session's last turn answered by both versions and verified against its reference:
+    the candidate's reward minus the serving version's, by session."""
+    margins: dict[str, list[float]] = {sid: [] for sid in verified}
+
+    async def one(sid: str, turn: Attempt, question: str, reference: str) -> None:
+        task = capture.reference_task(taskset, question, reference)
+        answers = await duel.answers(sid, turn)
+        if answers is not None:
+            mine, theirs = [(await averify(task, text)).reward for text in answers]
+            margins[sid].append(mine - theirs)
+
+    try:
+        async with anyio.create_task_group() as group:
+            for sid, (turn, question, reference) in verified.items():
+                group.start_soon(one, sid, turn, question, reference)
+    except* ServerUnavailable as outage:
+        raise first_failure(outage) from None
+    return margins
 
 
 async def compare(held_out: dict[str, list[Attempt]], duel: Duel) -> dict[str, list[int]]:
@@ -126,13 +158,19 @@ async def compare(held_out: dict[str, list[Attempt]], duel: Duel) -> dict[str, l
     return margins
 
 
-def card(margins: dict[str, list[int]], judge: str, serving: str) -> Scorecard:
-    """The win margin over sessions (each its turns' mean), with Student's 95% interval."""
+def card(
+    margins: Mapping[str, Sequence[float]], judge: str, serving: str,
+    verified: tuple[str, int] = ("", 0),
+) -> Scorecard:  # fmt: skip
+    """The win margin over sessions (each its turns' mean), with Student's 95% interval;
+    `verified`: the task set whose verifier scored that many of the sessions."""
     per_session = [statistics.fmean(m) for m in margins.values() if m]
-    turns = sum(len(m) for m in margins.values())
-    what = (
-        f"{turns} held-out turns of {len(per_session)} captured sessions, judged blind by {judge}"
-    )
+    turns = sum(len(m) for m in margins.values()) - verified[1]
+    judged = len(margins) - verified[1]
+    what = f"{turns} held-out turns of {judged} captured sessions, judged blind by {judge}"
+    if verified[1]:
+        by = f"{verified[1]} held-out sessions verified by {verified[0]}"
+        what = f"{by}, {what}" if judged else by
     if len(per_session) < 2:  # no spread to go by: the margin is anywhere it can be
         value = per_session[0] if per_session else 0.0
         return Scorecard(evaluation=what[:300], figure="win margin", value=value,
@@ -153,6 +191,23 @@ class Duel:
     async def turn(self, sid: str, index: int, turn: Attempt, into: list[int]) -> None:
         """Append the candidate's result on this turn (+1, 0, -1), unless the judge could not
         decide or the server refused the prompt as bad."""
+        answers = await self.answers(sid, turn)
+        if answers is None:
+            return
+        mine, theirs = answers
+        flip = random.Random(f"{self.candidate.model}|{sid}|{index}").random() < 0.5
+        shown = (theirs, mine) if flip else (mine, theirs)
+        async with self.limiter:
+            try:
+                said = await pairwise.compare(self.judge, turn.messages, *shown)
+            except PolicyError as exc:
+                log.warning("held-out turn %d of %s left out: %s", index + 1, sid, exc)
+                return
+        into.append(-said if flip else said)
+
+    async def answers(self, sid: str, turn: Attempt) -> tuple[str, str] | None:
+        """The candidate's and the serving version's greedy answers to the turn's logged
+        prompt ids; None where the server refused the prompt as bad."""
         assert turn.sample is not None
         sampling = SamplingSettings(temperature=0.0, max_tokens=sessions.replay_tokens(turn))
         prompt = turn.sample.prompt_token_ids
@@ -164,10 +219,7 @@ class Duel:
                 theirs = await self.serving.client.complete_ids(
                     self.serving.model, prompt, sampling
                 )
-                flip = random.Random(f"{self.candidate.model}|{sid}|{index}").random() < 0.5
-                shown = (theirs.text, mine.text) if flip else (mine.text, theirs.text)
-                said = await pairwise.compare(self.judge, turn.messages, *shown)
             except PolicyError as exc:
-                log.warning("held-out turn %d of %s left out: %s", index + 1, sid, exc)
-                return
-        into.append(-said if flip else said)
+                log.warning("a held-out turn of %s left out: %s", sid, exc)
+                return None
+        return mine.text, theirs.text

@@ -190,6 +190,20 @@ def held_out_turns(db: Session, limit: int) -> dict[str, list[Attempt]]:
     return {sid: turns for sid, turns in found.items() if turns}
 
 
+def held_out_references(db: Session, limit: int) -> dict[str, tuple[Attempt, str, str]]:
+    """Held-out sessions whose feedback sent a reference, newest first, at most `limit`: each
+    one's last answered turn (the one the reference scores), its question and its reference.
+    The gate scores both versions' answers at that turn with the session's own verifier."""
+    found: dict[str, tuple[Attempt, str, str]] = {}
+    for sid, turns in reversed(session_turns(db).items()):
+        last = turns[-1]
+        if len(found) >= limit or not last.plan.held_out or last.plan.reference is None:
+            continue
+        if last.attempts and last.attempts[0].sample is not None:
+            found[sid] = (last.attempts[0], turns[0].question, last.plan.reference)
+    return found
+
+
 def lone_sessions(db: Session, min_episodes: int = 2) -> dict[str, list[Group]]:
     """Sessions that would never form a group: their task was met by fewer than `min_episodes`
     sessions (a session with no task tag is a task of its own). Only those a round may still
@@ -257,9 +271,7 @@ def _group(task: str, found: list[tuple[str, Attempt, str]]) -> Group:
     )
 
 
-def adopt(
-    db: Session, round_index: int, policy_version: str, min_episodes: int = 2
-) -> list[Group]:
+def adopt(db: Session, round_index: int, policy_version: str, min_episodes: int = 2) -> list[Group]:
     """Store the new episode groups as train groups of `round_index` (under the version that
     samples that round, where the round looks for them) and mark their turns as taken; a task
     that already has a group in the round waits for the next one. Returns the groups stored."""

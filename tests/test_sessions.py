@@ -389,6 +389,56 @@ def test_a_held_out_session_judges_versions_and_never_trains(capturing) -> None:
     assert sum(len(turns) for turns in few.values()) == 3
 
 
+def test_a_held_out_session_with_a_reference_is_verified_not_judged(capturing) -> None:
+    """Where the user said what was right, the gate verifies both versions' answers at the
+    session's last turn against it (the candidate's reward minus the serving version's); the
+    judge sees only sessions without one."""
+    import anyio
+
+    from flows import scorecards
+    from memory.sessions import held_out_references
+
+    names = [f"s{i}" for i in range(12)]
+    client, engine = capturing(taskset="arithmetic", held_out_share=0.5)
+    with client:
+        for name in names:
+            converse(client, {"X-Flywheel-Session": name, "X-Flywheel-Task": name})
+            feedback = (
+                {"session": name, "reference": "5"}
+                if name < "s6"
+                else {"session": name, "score": 1.0}
+            )
+            client.post("/v1/feedback", json=feedback).raise_for_status()
+    with store.transaction(engine) as session:
+        verified = held_out_references(session, limit=100)
+        judged = held_out_turns(session, limit=100)
+    kept = {mine(n) for n in names if capture.held_out(mine(n), 0.5)}
+    assert set(verified) == {mine(n) for n in names if n < "s6"} & kept and verified
+    turns = session_turns_of(engine)
+    for sid, (turn, question, reference) in verified.items():  # the last turn, its reference
+        assert turn == turns[sid][-1].attempts[0] and reference == "5" and "add" in question
+    assert set(verified) < set(judged)
+
+    def versions(request: httpx.Request) -> httpx.Response:  # the candidate says 5, serving 7
+        return completions_server(["5"] if b'"candidate"' in request.content else ["7"], [])(
+            request
+        )
+
+    policy = client_for(versions)
+    duel = scorecards.Duel(Endpoint(policy, "candidate"), Endpoint(policy, "serving"),
+                           Endpoint(policy, "judge"))  # fmt: skip
+    margins = anyio.run(scorecards.compare_verified, verified, duel, "arithmetic")
+    assert margins == {sid: [0.5] for sid in verified}  # untagged right sum: half reward, vs 0
+    card = scorecards.card(margins, "judge", "serving", ("arithmetic", len(margins)))
+    assert card.evaluation == f"{len(margins)} held-out sessions verified by arithmetic"
+    assert card.value == 0.5
+
+
+def session_turns_of(engine) -> dict:
+    with store.transaction(engine) as session:
+        return session_turns(session)
+
+
 def tokenizing_policy(texts: list[str], seen: list[dict]) -> Endpoint:
     """The policy's server: completions continuing any prompt with the next of `texts`, and
     plain text tokenised a character a token."""

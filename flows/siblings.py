@@ -19,10 +19,11 @@ from.
    repeat the answer) and stored as sessions of the same task tied to it (`sibling_of`), so
    `flywheel lineage` and `forget` reach them. Up to 8 sessions are served at once (one
    sibling after another within each), beside the live traffic the same server answers. A
-   server too busy to answer in time (`ServerBusy`) ends this check's growing, not the check:
-   the sessions done are stored, the rest wait for the next check, and the round trains on
-   what is ready. A server that fails otherwise raises, and the siblings of the sessions not
-   yet done are not stored.
+   request that gets no answer in time from a server that is up (its `/health` answers: it is
+   busy with that traffic, which the deadlines of the siblings' client do not see) ends this
+   check's growing, not the check: the sessions done are stored, the rest wait for the next
+   check, and the round trains on what is ready. A server that is down raises, and the
+   siblings of the sessions not yet done are not stored.
 5. With HeRL on (`--revise 1`) and a reviewer, a verified session none of whose answers (its
    own, its siblings') reached full reward gets the reviewer's answer at that turn: the
    reviewer reads the transcript as text (the tools' results included) and writes the

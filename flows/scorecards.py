@@ -104,21 +104,18 @@ async def sessions_card(
     settings: RunSettings, server_url: str, candidate: str, serving: str
 ) -> Scorecard:
     with store.transaction(store.shared_engine(settings.db_url)) as session:
-        verified = sessions.held_out_references(session, settings.gate.turns)
-        held_out = sessions.held_out_turns(session, settings.gate.turns)
-    held_out = {sid: turns for sid, turns in held_out.items() if sid not in verified}
+        verified, held_out = sessions.held_out_split(session, settings.gate.turns)
     policy = PolicyClient(server_url)
     judge = reviewer_endpoint(settings) or Endpoint(policy, serving)
     try:
         duel = Duel(Endpoint(policy, candidate), Endpoint(policy, serving), judge)
         judged = await compare(held_out, duel)
-        margins = {sid: [float(m) for m in won] for sid, won in judged.items()}
-        margins |= await compare_verified(verified, duel, settings.taskset)
+        scored = await compare_verified(verified, duel, settings.taskset)
     finally:
         await policy.aclose()
         if judge.client is not policy:
             await judge.client.aclose()
-    return card(margins, judge.model, serving, (settings.taskset, len(verified)))
+    return card(judged, judge.model, serving, (settings.taskset, scored))
 
 
 async def compare_verified(
@@ -160,17 +157,17 @@ async def compare(held_out: dict[str, list[Attempt]], duel: Duel) -> dict[str, l
 
 def card(
     margins: Mapping[str, Sequence[float]], judge: str, serving: str,
-    verified: tuple[str, int] = ("", 0),
+    verified: tuple[str, Mapping[str, Sequence[float]]] = ("", {}),
 ) -> Scorecard:  # fmt: skip
-    """The win margin over sessions (each its turns' mean), with Student's 95% interval;
-    `verified`: the task set whose verifier scored that many of the sessions."""
-    per_session = [statistics.fmean(m) for m in margins.values() if m]
-    turns = sum(len(m) for m in margins.values()) - verified[1]
-    judged = len(margins) - verified[1]
-    what = f"{turns} held-out turns of {judged} captured sessions, judged blind by {judge}"
-    if verified[1]:
-        by = f"{verified[1]} held-out sessions verified by {verified[0]}"
-        what = f"{by}, {what}" if judged else by
+    """The win margin over sessions (each its turns' mean), with Student's 95% interval:
+    `margins` judged by `judge`, and `verified`'s margins scored by its task set's verifier."""
+    taskset, scored = verified
+    per_session = [statistics.fmean(m) for m in (*margins.values(), *scored.values()) if m]
+    turns = sum(len(m) for m in margins.values())
+    what = f"{turns} held-out turns of {len(margins)} captured sessions, judged blind by {judge}"
+    if scored:
+        by = f"{len(scored)} held-out sessions verified by {taskset}"
+        what = f"{by}, {what}" if margins else by
     if len(per_session) < 2:  # no spread to go by: the margin is anywhere it can be
         value = per_session[0] if per_session else 0.0
         return Scorecard(evaluation=what[:300], figure="win margin", value=value,

@@ -179,29 +179,38 @@ def held_out_turns(db: Session, limit: int) -> dict[str, list[Attempt]]:
     """The assistant turns of held-out sessions (never trained on), by session, newest sessions
     first, at most `limit` turns in all: each turn's logged prompt ids are the prefix a
     candidate and the serving version answer when the gate compares them."""
+    return _answered_turns(session_turns(db), limit)
+
+
+def held_out_split(
+    db: Session, limit: int
+) -> tuple[dict[str, tuple[Attempt, str, str]], dict[str, list[Attempt]]]:
+    """The held-out sessions the gate scores, from one scan, newest first. Those whose feedback
+    sent a reference, at most `limit`: each one's last answered turn (the one the reference
+    scores), its question and its reference, for the session's own verifier. The others:
+    their assistant turns, at most `limit` in all (`held_out_turns`), for the judge."""
+    by_session = session_turns(db)
+    verified: dict[str, tuple[Attempt, str, str]] = {}
+    for sid, turns in reversed(by_session.items()):
+        last = turns[-1]
+        if len(verified) >= limit or not last.plan.held_out or last.plan.reference is None:
+            continue
+        if last.attempts and last.attempts[0].sample is not None:
+            verified[sid] = (last.attempts[0], turns[0].question, last.plan.reference)
+    judged = {sid: turns for sid, turns in by_session.items() if sid not in verified}
+    return verified, _answered_turns(judged, limit)
+
+
+def _answered_turns(by_session: dict[str, list[Group]], limit: int) -> dict[str, list[Attempt]]:
     found: dict[str, list[Attempt]] = {}
     taken = 0
-    for sid, turns in reversed(session_turns(db).items()):
+    for sid, turns in reversed(by_session.items()):
         if not turns[0].plan.held_out or taken >= limit:
             continue
         answered = [g.attempts[0] for g in turns if g.attempts and g.attempts[0].sample]
         found[sid] = answered[: limit - taken]
         taken += len(found[sid])
     return {sid: turns for sid, turns in found.items() if turns}
-
-
-def held_out_references(db: Session, limit: int) -> dict[str, tuple[Attempt, str, str]]:
-    """Held-out sessions whose feedback sent a reference, newest first, at most `limit`: each
-    one's last answered turn (the one the reference scores), its question and its reference.
-    The gate scores both versions' answers at that turn with the session's own verifier."""
-    found: dict[str, tuple[Attempt, str, str]] = {}
-    for sid, turns in reversed(session_turns(db).items()):
-        last = turns[-1]
-        if len(found) >= limit or not last.plan.held_out or last.plan.reference is None:
-            continue
-        if last.attempts and last.attempts[0].sample is not None:
-            found[sid] = (last.attempts[0], turns[0].question, last.plan.reference)
-    return found
 
 
 def lone_sessions(db: Session, min_episodes: int = 2) -> dict[str, list[Group]]:

@@ -396,7 +396,7 @@ def test_a_held_out_session_with_a_reference_is_verified_not_judged(capturing) -
     import anyio
 
     from flows import scorecards
-    from memory.sessions import held_out_references
+    from memory.sessions import held_out_split
 
     names = [f"s{i}" for i in range(12)]
     client, engine = capturing(taskset="arithmetic", held_out_share=0.5)
@@ -410,14 +410,14 @@ def test_a_held_out_session_with_a_reference_is_verified_not_judged(capturing) -
             )
             client.post("/v1/feedback", json=feedback).raise_for_status()
     with store.transaction(engine) as session:
-        verified = held_out_references(session, limit=100)
+        verified, rest = held_out_split(session, limit=100)
         judged = held_out_turns(session, limit=100)
     kept = {mine(n) for n in names if capture.held_out(mine(n), 0.5)}
     assert set(verified) == {mine(n) for n in names if n < "s6"} & kept and verified
     turns = session_turns_of(engine)
     for sid, (turn, question, reference) in verified.items():  # the last turn, its reference
         assert turn == turns[sid][-1].attempts[0] and reference == "5" and "add" in question
-    assert set(verified) < set(judged)
+    assert set(verified) < set(judged) and set(rest) == set(judged) - set(verified)
 
     def versions(request: httpx.Request) -> httpx.Response:  # the candidate says 5, serving 7
         return completions_server(["5"] if b'"candidate"' in request.content else ["7"], [])(
@@ -429,7 +429,7 @@ def test_a_held_out_session_with_a_reference_is_verified_not_judged(capturing) -
                            Endpoint(policy, "judge"))  # fmt: skip
     margins = anyio.run(scorecards.compare_verified, verified, duel, "arithmetic")
     assert margins == {sid: [0.5] for sid in verified}  # untagged right sum: half reward, vs 0
-    card = scorecards.card(margins, "judge", "serving", ("arithmetic", len(margins)))
+    card = scorecards.card({}, "judge", "serving", ("arithmetic", margins))
     assert card.evaluation == f"{len(margins)} held-out sessions verified by arithmetic"
     assert card.value == 0.5
 

@@ -2,9 +2,9 @@
 
 Each run is `flywheel run` with the Makefile's defaults (the reviewer's arm: `--reviewer
 qwen2.5-coder-0.5b --config examples/reviewer.toml`; `overlap`: the same with `--overlap 1`, each
-round's training beside the next round's collection; `shuffled-float32` and `length-bfloat16`: the
-reviewer's arm with the trainer's rows shuffled in float32, or in batches of near length in
-bfloat16; the policy alone: no flags), from an empty store in a folder of its own (and Prefect's
+round's training beside the next round's collection; `shuffled-float32`, `shuffled-bfloat16` and
+`length-bfloat16`: the reviewer's arm with the trainer's rows shuffled in float32 or in bfloat16,
+or in batches of near length in bfloat16; the policy alone: no flags), from an empty store in a folder of its own (and Prefect's
 temporary server, so that no run leaves one behind), the arms alternating so that a slow spell of
 the machine falls on all. From each run's summary: the wall time of the run and of each stage, and
 the held-out pass@1 of the version the gate kept serving, with its paired gain over the base model
@@ -37,6 +37,8 @@ ARMS = {
     "shuffled-float32": [*REVIEWER, "--batch-order", "random", "--train-dtype", "float32"],
     # ...and in batches of near length, in bfloat16: a faster training stage.
     "length-bfloat16": [*REVIEWER, "--batch-order", "length", "--train-dtype", "bfloat16"],
+    # bfloat16 alone, the rows shuffled as by default: which of the two changed the outcome.
+    "shuffled-bfloat16": [*REVIEWER, "--batch-order", "random", "--train-dtype", "bfloat16"],
 }
 STAGES = ("collect", "train", "merge", "swap", "evaluate")
 

@@ -13,11 +13,13 @@
    reflector was asked not to state it) is recorded as such and leads to no retry, as a
    strategy or a hint that states the answer is refused: a retry would copy the reviewer's
    answer, not find one.
-3. The retry replays the first `retry_from_step` steps verbatim and inserts the principle at the
-   pivot. A single-turn answer is one step, so its pivot is 0 and the principle goes into the
-   system prompt (`agents.context.hint_messages`); an episode replays its turns
-   (`agents.episode.retry_episode`). The retry keeps the bare prompt's ids so training can use
-   its distill copy, and records whether it improved on its parent.
+3. The retry replays the first `retry_from_step` steps verbatim, with the principle in the
+   system prompt (`agents.context.hint_messages`). An episode replays its turns
+   (`agents.episode.retry_episode`); a one-step answer of several lines, shown to the reviewer
+   with its lines numbered, keeps its lines before that step token for token and continues
+   (`agents.pivot.step_retry`); a one-line answer starts afresh (pivot 0). The retry keeps the
+   bare prompt's ids so training can use its distill copy, and records whether it improved on
+   its parent.
 4. `reflect_and_retry` runs this for every unguided attempt of a group short of full reward,
    concurrently; the reflections and retries join the group as extra attempts.
 """
@@ -30,10 +32,10 @@ from typing import Any, Literal, TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.attempt import Conditioning, attempt_task
 from agents.context import Messages, hint_messages
 from agents.episode import retry_episode
 from agents.errors import PolicyError
+from agents.pivot import numbered_working, step_retry, working_steps
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from agents.strategy import states_answer
@@ -60,6 +62,7 @@ BRIEF_STEP = (
 REFLECT_MAX_TOKENS = 200
 BRIEF_MAX_TOKENS = 64
 Reply = TypeVar("Reply", bound=BaseModel)
+Steps = Literal["turns", "lines"] | None  # what an attempt's steps are, if it has several
 
 
 class Reflection(BaseModel):
@@ -105,12 +108,16 @@ def reflection_format(attempt: Attempt, brief: bool = False, steps: bool = True)
 
 
 def review_messages(
-    system: str, question: str, attempt: Attempt, instructions: str | None = None
+    system: str,
+    question: str,
+    attempt: Attempt,
+    instructions: str | None = None,
+    shown: str | None = None,
 ) -> Messages:
     """A reviewer's prompt (reflection or judgement): the task (with the instructions the
-    policy was given, if any), the attempt and the verifier's verdict, never the reference
-    answer."""
-    text = attempt.sample.text if attempt.sample else ""
+    policy was given, if any), the attempt (its text, or `shown`) and the verifier's verdict,
+    never the reference answer."""
+    text = shown if shown is not None else attempt.sample.text if attempt.sample else ""
     feedback = f"The verifier gave reward {attempt.reward:g}: {attempt.reason}."
     if attempt.feedback:
         feedback += "\nIts feedback:\n" + "\n".join(f"- {line}" for line in attempt.feedback)
@@ -147,13 +154,15 @@ def parse_reflection(text: str, brief: bool = False) -> AnyReflection | str:
 
 
 async def reflect(
-    reviewer: Endpoint, question: str, attempt: Attempt, brief: bool = False, steps: bool = False
+    reviewer: Endpoint, question: str, attempt: Attempt, brief: bool = False, steps: Steps = None
 ) -> tuple[Attempt, AnyReflection | None]:
-    """Reflect on `attempt` (`brief`: the principle alone; `steps`: an episode, whose step to
-    retry from is asked too); the reflection is returned as an attempt of kind "reflection"."""
+    """Reflect on `attempt` (`brief`: the principle alone; `steps`: an episode's turns or a
+    working's lines, numbered, whose step to retry from is asked too); the reflection is
+    returned as an attempt of kind "reflection"."""
     client, model = reviewer.client, reviewer.model
     system = (BRIEF_SYSTEM + (BRIEF_STEP if steps else "")) if brief else REFLECT_SYSTEM
-    messages = review_messages(system, question, attempt)
+    lines = numbered_working(attempt.sample.text) if steps == "lines" and attempt.sample else None
+    messages = review_messages(system, question, attempt, shown=lines)
     limit = BRIEF_MAX_TOKENS if brief else REFLECT_MAX_TOKENS
     sampling = SamplingSettings(temperature=0.3, max_tokens=limit)
     record = {
@@ -169,7 +178,7 @@ async def reflect(
         "answer": None,
     }
     try:
-        answer_format = reflection_format(attempt, brief, steps)
+        answer_format = reflection_format(attempt, brief, steps is not None)
         sample = await client.sample(model, messages, sampling, response_format=answer_format)
     except PolicyError as exc:
         failed = Attempt(**record, sample=None, format_ok=False, reason="reflection failed")
@@ -215,18 +224,26 @@ async def reflect_and_retry(
     episodic = is_episodic(task.taskset)
     extras: list[Attempt] = []
 
-    async def retry(parent: Attempt, reflection: AnyReflection) -> Attempt:
+    def steps(parent: Attempt) -> Steps:
         if episodic:
-            return await retry_episode(
-                policy.client, await astart(task), parent, reflection.principle,
-                reflection.retry_from_step, sampling,
-            )  # fmt: skip
-        return await hint_retry(policy, task, settings.system(task), parent, reflection, sampling)
+            return "turns"
+        several = parent.sample and len(working_steps(parent.sample.text)) > 1
+        return "lines" if settings.retry.pivot and several else None
+
+    async def retry(parent: Attempt, reflection: AnyReflection) -> Attempt:
+        principle, step = reflection.principle, reflection.retry_from_step
+        if episodic:
+            fresh = await astart(task)
+            return await retry_episode(policy.client, fresh, parent, principle, step, sampling)
+        messages = hint_messages(task, settings.system(task), principle)
+        step = step if steps(parent) else 0
+        return await step_retry(policy, task, messages, parent, principle, step, sampling)
 
     async def one(parent: Attempt) -> None:
+        brief = settings.retry.reflection == "brief"
         async with limiter:
             reflection_attempt, reflection = await reflect(
-                reviewer, task.question, parent, settings.retry.reflection == "brief", episodic
+                reviewer, task.question, parent, brief, steps(parent)
             )
         if not wants_retry(parent, reflection):
             extras.append(reflection_attempt)
@@ -246,31 +263,3 @@ async def reflect_and_retry(
         for parent in failed:
             tg.start_soon(one, parent)
     return sorted(extras, key=lambda a: (a.sample_index, a.kind))
-
-
-async def hint_retry(
-    policy: Endpoint,
-    task: Task,
-    system: str,
-    parent: Attempt,
-    reflection: AnyReflection,
-    sampling: SamplingSettings,
-) -> Attempt:
-    """A one-step retry with the principle in the system prompt, paired with its parent."""
-    assert parent.sample is not None
-    retry = await attempt_task(
-        policy,
-        task,
-        hint_messages(task, system, reflection.principle),
-        sampling,
-        parent.sample_index,
-        Conditioning(context="hint", guidance=reflection.principle),
-        kind="retry",
-    )
-    return retry.model_copy(
-        update={
-            "parent_index": parent.sample_index,
-            "bare_prompt_token_ids": parent.sample.prompt_token_ids,
-            "improved": retry.error is None and retry.reward > parent.reward,
-        }
-    )

@@ -31,6 +31,11 @@ class RetrySettings(BaseModel):
         description="what a reflection holds: the principle alone (brief: a quarter of the "
         "reviewer's tokens, and more tasks solved), or summary, root cause, outcome and principle",
     )
+    pivot: bool = Field(
+        True,
+        description="a one-step answer of several lines is retried from the first step the "
+        "reflection finds wrong, its earlier lines kept token for token; off: from scratch",
+    )
 
 
 class ReviseSettings(BaseModel):

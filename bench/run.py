@@ -3,13 +3,13 @@
 Each run is `flywheel run` with the Makefile's defaults (the reviewer's arm: `--reviewer
 qwen2.5-coder-0.5b --config examples/reviewer.toml`; `overlap`: the same with `--overlap 1`, each
 round's training beside the next round's collection; `shuffled-float32`, `shuffled-bfloat16` and
-`length-bfloat16`: the reviewer's arm with the trainer's rows shuffled in float32 or in bfloat16,
-or in batches of near length in bfloat16; the policy alone: no flags), from an empty store in a folder of its own (and Prefect's
-temporary server, so that no run leaves one behind), the arms alternating so that a slow spell of
-the machine falls on all. From each run's summary: the wall time of the run and of each stage, and
-the held-out pass@1 of the version the gate kept serving, with its paired gain over the base model
-on the same tasks; and the table the run printed, as a user sees it. Each arm's final pass@1 is
-compared with the first arm's, with Welch's interval over runs.
+`length-bfloat16`: the reviewer's arm with the trainer's rows shuffled in float32 or in bfloat16, or
+in batches of near length in bfloat16; the policy alone: no flags), from an empty store in a folder
+of its own (and Prefect's temporary server, so that no run leaves one behind), the arms alternating
+so that a slow spell of the machine falls on all. From each run's summary: the wall time of the run
+and of each stage, and the held-out pass@1 of the version the gate kept serving, with its paired
+gain over the base model on the same tasks; and the table the run printed, as a user sees it. Each
+arm's final pass@1 is compared with the first arm's, with Welch's interval over runs.
 
     .venv/bin/python -m bench.run [--runs 3] [--arms reviewer,alone] [--json PATH]
 """

@@ -4,6 +4,7 @@ reflect-then-retry (conditioning rules, token bookkeeping, JSON validation, fail
 import json
 from collections.abc import Callable
 
+import anyio
 import httpx
 import pytest
 
@@ -11,7 +12,7 @@ from agents.errors import ServerUnavailable
 from agents.policy import Endpoint
 from agents.reflection import Reflection, parse_reflection, review_messages
 from agents.settings import CollectSettings, RetrySettings
-from memory.records import Group, Sample
+from memory.records import Attempt, Group, Sample, SamplingSettings
 from tests.helpers import TASK, client_for, collect_task, completion, scripted, with_attempts
 from trainer.dataset import IGNORE, build_rows
 from trainer.settings import TrainSettings
@@ -114,6 +115,97 @@ def test_a_brief_reflection_asks_for_the_principle_alone_and_sees_the_feedback()
     failed = group.first_attempts[0].model_copy(update={"feedback": ["failed: f(2) returned 3"]})
     prompt = review_messages("system", TASK.question, failed)[1]["content"]
     assert prompt.endswith("Its feedback:\n- failed: f(2) returned 3")
+
+
+WORKING = "I add the two numbers.\nThat makes 999.\n<answer>999</answer>"
+
+
+def pivot_server(seen: list[dict], boundary: list[int], ran: list[int] | None = None):
+    """A failed working of three lines, sampled as ids [11, 12, 13]; its first line tokenizes
+    to `boundary`; the reflection names step 1; the guided prompt is [1, 2, 7], and the
+    continuation call reports running `ran` (default: what it was sent)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append({"path": request.url.path, **body})
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": boundary if "prompt" in body else [1, 2, 7]})
+        if request.url.path == "/v1/completions":
+            choice = {
+                "index": 0, "text": f"That makes {TASK.answer}.\n<answer>{TASK.answer}</answer>",
+                "finish_reason": "stop", "token_ids": [60, 61],
+                "prompt_token_ids": body["prompt"] if ran is None else ran,
+                "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.25, -0.25]},
+            }  # fmt: skip
+            reply = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
+            return httpx.Response(200, json={**reply, "choices": [choice]})
+        if "response_format" in body:
+            step = {"principle": "Check the sum.", "retry_from_step": 1}
+            return scripted(body, json.dumps(step), [3])
+        if "Guidance from an earlier try" in body["messages"][0]["content"]:
+            return scripted(body, f"<answer>{TASK.answer}</answer>", [4, 4])
+        reply = completion(WORKING, [11, 12, 13])
+        reply["prompt_token_ids"] = [2, 2]
+        return httpx.Response(200, json=reply)
+
+    return handler
+
+
+def retried(handler, pivot: bool = True) -> tuple[Group, Attempt]:
+    retry = RetrySettings(enabled=True, reflection="brief", pivot=pivot)
+    group = collect_task(handler, CollectSettings(group_size=1, retry=retry))
+    return group, next(a for a in group.attempts if a.kind == "retry")
+
+
+def test_a_one_step_retry_keeps_the_working_before_the_first_wrong_step() -> None:
+    """R3L's pivot in a one-step answer: the reviewer sees the lines numbered and names the
+    first wrong one; the retry continues the guided prompt's ids plus the parent's own ids for
+    the lines before it, which training masks in the retry and in its parent."""
+    seen: list[dict] = []
+    group, retry = retried(pivot_server(seen, [11]))
+    asked = next(b for b in seen if "response_format" in b)
+    assert (
+        "Step 0: I add the two numbers.\nStep 1: That makes 999." in asked["messages"][1]["content"]
+    )
+    assert "retry_from_step" in asked["response_format"]["json_schema"]["schema"]["required"]
+    assert next(b for b in seen if b["path"] == "/tokenize" and "prompt" in b)["prompt"] == (
+        "I add the two numbers.\n"
+    )
+    assert next(b for b in seen if b["path"] == "/v1/completions")["prompt"] == [1, 2, 7, 11]
+    assert retry.pivot_tokens == 1 and retry.correct and retry.improved
+    assert retry.sample.prompt_token_ids == [1, 2, 7]
+    assert retry.sample.completion_token_ids == [11, 60, 61]
+    assert retry.sample.logprobs == [-0.5, -0.25, -0.25] and retry.generated_tokens == 2
+    assert retry.sample.text.startswith("I add the two numbers.\nThat makes")
+    assert retry.bare_prompt_token_ids == [2, 2] and "retried from step 1" in retry.reason
+    rows = build_rows([group], TrainSettings(max_length=64, mode="grpo"))
+    # The parent and the retry's distill copy (bare prompt): the kept working is context.
+    assert [(r.input_ids, r.labels) for r in rows] == [
+        ([2, 2, 11, 12, 13], [IGNORE, IGNORE, IGNORE, 12, 13]),
+        ([2, 2, 11, 60, 61], [IGNORE, IGNORE, IGNORE, 60, 61]),
+    ]
+
+
+def test_a_step_boundary_that_is_not_token_exact_retries_from_scratch() -> None:
+    """The first line tokenizes otherwise than it was sampled: nothing is kept (no
+    re-tokenised prefix), and the retry starts afresh with the principle."""
+    seen: list[dict] = []
+    _, retry = retried(pivot_server(seen, [11, 99]))
+    assert retry.pivot_tokens == 0 and retry.correct
+    assert retry.sample.prompt_token_ids == [4, 4]  # the guided chat call's
+    assert not any(b["path"] == "/v1/completions" for b in seen)
+
+
+def test_a_kept_working_the_server_did_not_run_fails_the_retry() -> None:
+    _, retry = retried(pivot_server([], [11], ran=[1, 2, 7, 12]))
+    assert retry.error and "not token-exact" in retry.error and not retry.correct
+
+
+def test_pivot_off_retries_a_working_from_scratch() -> None:
+    seen: list[dict] = []
+    _, retry = retried(pivot_server(seen, [11]), pivot=False)
+    asked = next(b for b in seen if "response_format" in b)
+    assert "Step 0" not in asked["messages"][1]["content"] and retry.pivot_tokens == 0
 
 
 def test_invalid_or_success_reflections_lead_to_no_retry() -> None:
@@ -466,3 +558,39 @@ def test_the_experience_gain_compares_lesson_slots_with_bare_ones() -> None:
     ]
     assert experience_gain(group.model_copy(update={"attempts": attempts})) == 0.5
     assert experience_gain(group) == 0.0  # nothing guided: no gain to credit
+
+
+@pytest.mark.vllm
+def test_a_kept_working_is_token_exact_on_a_real_server(tiny_server: str, tiny_model_path) -> None:
+    """On vLLM: the retry's ids start with the parent's own ids for the kept lines, and continue
+    exactly the guided prompt the server reports running."""
+    from agents.context import hint_messages
+    from agents.pivot import step_retry
+    from agents.policy import PolicyClient
+
+    model, working = tiny_model_path.name, "I add the two numbers.\nThat makes 999.\n"
+    guided = hint_messages(TASK, "Answer in <answer></answer> tags.", "Check the sum.")
+
+    async def main() -> tuple[list[int], list[int], Attempt]:
+        client = PolicyClient(tiny_server)
+        try:
+            ids = await client.tokenize_text(model, working)
+            sample = Sample(text=working, prompt_token_ids=[1], completion_token_ids=ids,
+                            logprobs=[-1.0] * len(ids), finish_reason="length")  # fmt: skip
+            sampling = SamplingSettings(temperature=1.0, max_tokens=24)
+            parent = Attempt(sample_index=0, kind="base", policy_version=model, messages=[],
+                             sampling=sampling, sample=sample, reward=0.0, correct=False,
+                             format_ok=True, answer="999", reason="wrong")  # fmt: skip
+            retry = await step_retry(
+                Endpoint(client, model), TASK, guided, parent, "Check the sum.", 1, sampling
+            )
+            return ids, await client.tokenize(model, guided), retry
+        finally:
+            await client.aclose()
+
+    ids, prompt, retry = anyio.run(main)
+    assert retry.error is None and 0 < retry.pivot_tokens < len(ids)
+    kept = retry.sample.completion_token_ids[: retry.pivot_tokens]
+    assert kept == ids[: retry.pivot_tokens] and retry.sample.prompt_token_ids == prompt
+    assert retry.sample.text.startswith("I add the two numbers.")
+    assert retry.sample.logprobs[: retry.pivot_tokens] == [-1.0] * retry.pivot_tokens

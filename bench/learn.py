@@ -8,7 +8,8 @@ settings except for what the arm changes. Arms:
     r3l      R3L: half the slots (one guided, one bare), a reflection and retry for each bare
              attempt short of full reward, positive amplification, improved retries as
              single-item groups; about the same number of sampled rollouts
-    rltldr   the default: mean-only advantages, rows filtered to 75% positive
+    filtered  the default: mean-only advantages, rows filtered to 75% positive
+    rltldr   RLTLDR whole: the filtered mode, with insights collected and trained as SFT rows
     plain    GRPO on plain sampling: no guidance at all
     herl     plain sampling, and HeRL: the reviewer revises the best attempt of each group that
              all failed, and a verified revision is trained off-policy in its group
@@ -16,13 +17,16 @@ settings except for what the arm changes. Arms:
     nudge    plain sampling, and NudgeRL: the reviewer writes a hint for each group that all
              failed, half a group tries again with it, successes distilled into the bare prompt
     nudge+herl  both
-    rltldr+herl, rltldr+nudge  the default (worked example, RLTLDR) with HeRL's revisions or
-             NudgeRL's hints on top
-    rltldr+herl4  the default with HeRL drawing 4 revisions at temperature 1.0, the best
+    filtered+herl, filtered+nudge  the default (worked example, filtered rows) with HeRL's
+             revisions or NudgeRL's hints on top
+    filtered+herl4  the default with HeRL drawing 4 revisions at temperature 1.0, the best
              verified one trained as a distill copy
-    rltldr+herl2p  the same with 2 draws, revising every group with a failure (its best one)
-    rltldr+herl4b  as rltldr+herl4, the reviewer answering afresh, not shown the failed attempt
-    rltldr+herl4pb  the same, revising every group with a failure
+    filtered+herl2p  the same with 2 draws, revising every group with a failure (its best one)
+    filtered+herl4b  as filtered+herl4, the reviewer answering afresh, not shown the failed
+             attempt
+    filtered+herl4pb  the same, revising every group with a failure (`make run`'s settings)
+
+(Results written before the default mode was named `filtered` call these arms `rltldr...`.)
 
 Each arm starts and supervises its own server (new versions served as merged weights), and
 with `--reviewer NAME` the arms that use a reviewer (r3l, herl, nudge) serve it beside the
@@ -69,37 +73,38 @@ HERL: dict[str, Any] = {"collect.revise.enabled": True}
 DISTILLED_HERL: dict[str, Any] = {
     **HERL,
     "collect.revise.temperature": 1.0,
-    "train.mode": "rltldr",
+    "train.mode": "filtered",
     "train.revision_weight": "distill",
 }
 ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"train.mode": "grpo"},
     "r3l": {"collect.retry.enabled": True, "halve_group": True, "train.mode": "r3l"},
-    "rltldr": {"train.mode": "rltldr"},
+    "filtered": {"train.mode": "filtered"},
+    "rltldr": {"collect.insights": True, "train.mode": "rltldr"},
     "plain": UNGUIDED,
     "herl": {**UNGUIDED, **HERL},
     "ead": {**UNGUIDED, "collect.anneal.enabled": True},
     "nudge": {**UNGUIDED, "collect.nudge": True},
     "nudge+herl": {**UNGUIDED, **HERL, "collect.nudge": True},
-    "rltldr+herl": {**HERL, "train.mode": "rltldr"},
-    "rltldr+herl4": {**DISTILLED_HERL, "collect.revise.revisions": 4},
-    "rltldr+herl2p": {
+    "filtered+herl": {**HERL, "train.mode": "filtered"},
+    "filtered+herl4": {**DISTILLED_HERL, "collect.revise.revisions": 4},
+    "filtered+herl2p": {
         **DISTILLED_HERL,
         "collect.revise.revisions": 2,
         "collect.revise.partial": True,
     },
-    "rltldr+herl4b": {
+    "filtered+herl4b": {
         **DISTILLED_HERL,
         "collect.revise.revisions": 4,
         "collect.revise.blind": True,
     },
-    "rltldr+herl4pb": {
+    "filtered+herl4pb": {
         **DISTILLED_HERL,
         "collect.revise.revisions": 4,
         "collect.revise.partial": True,
         "collect.revise.blind": True,
     },
-    "rltldr+nudge": {"collect.nudge": True, "train.mode": "rltldr"},
+    "filtered+nudge": {"collect.nudge": True, "train.mode": "filtered"},
 }
 # the arms a reviewer serves: those that reflect, revise or nudge
 REVIEWED = tuple(

@@ -131,7 +131,7 @@ def seed(engine: Any, args: argparse.Namespace) -> None:
                 session,
                 TrainingRound(
                     round_index=r,
-                    method="rltldr",
+                    method="filtered",
                     policy_in=parent,
                     policy_out=name,
                     status="done",

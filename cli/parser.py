@@ -171,7 +171,7 @@ def _export_command(commands: Any) -> None:
         "--mode",
         choices=get_args(AdvantageMode),
         default=None,
-        help="advantage mode (default rltldr)",
+        help="advantage mode (default filtered)",
     )
     exporting.add_argument("--out", type=Path, required=True, help="the JSON-lines file to write")
     exporting.add_argument(

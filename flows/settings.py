@@ -150,6 +150,8 @@ class RunSettings(BaseModel):
             raise ValueError("name a reviewer to serve (reviewer) or a running one (reviewer_url)")
         if self.judge and self.reviewer is None and self.reviewer_url is None:
             raise ValueError("judge needs a reviewer: --reviewer-url and --reviewer-model")
+        if self.train.mode == "rltldr" and not self.collect.insights:
+            raise ValueError("train.mode rltldr trains insights: set collect.insights = true")
         if self.replicas and self.weights != "lora":
             raise ValueError("replicas serve versions as LoRA adapters: set weights to lora")
         return self

@@ -34,7 +34,7 @@ ROLLOUT_KINDS: tuple[AttemptKind, ...] = (*FIRST_KINDS, "retry", "nudge")  # at 
 VERIFIED_KINDS: tuple[AttemptKind, ...] = (*ROLLOUT_KINDS, "revision")  # answers with a verdict
 LossType = Literal["policy", "pivot", "forced"]
 GroupPurpose = Literal["train", "eval", "capture"]
-AdvantageMode = Literal["grpo", "r3l", "rltldr"]
+AdvantageMode = Literal["grpo", "r3l", "filtered", "rltldr"]
 
 
 def describe(error: ValidationError, names: Mapping[str, str] | None = None, kind: str = "") -> str:

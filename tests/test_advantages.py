@@ -188,6 +188,19 @@ def test_rltldr_adds_insight_sft_rows_given_only_the_task() -> None:
     assert insight.input_ids == [7, 8, 9, 300, 301, 302]
     assert insight.advantages[-1] == 0.5 and not insight.importance
     assert "insight" not in context_counts(build_rows([group], GRPO))
+    filtered = build_rows([group], RLTLDR.model_copy(update={"mode": "filtered"}))
+    assert "insight" not in context_counts(filtered)  # the default: RLTLDR's filter alone
+    assert len(filtered) == len(rows) - 1
+
+
+def test_rltldr_needs_the_insights_it_trains() -> None:
+    from flows.settings import RunSettings
+
+    with pytest.raises(ValueError, match="set collect.insights = true"):
+        RunSettings.model_validate({"train": {"mode": "rltldr"}})
+    insights = {"collect": {"insights": True}, "train": {"mode": "rltldr"}}
+    assert RunSettings.model_validate(insights).train.mode == "rltldr"
+    assert RunSettings().train.mode == "filtered"
 
 
 def rows_with_rewards(rewards: list[float]) -> list[TrainRow]:

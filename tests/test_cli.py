@@ -475,8 +475,8 @@ import pathlib, sys, time
 import cli.main as m
 
 def slow(args):
-    print("started", flush=True)
     try:
+        print("started", flush=True)
         time.sleep(60)
     finally:
         pathlib.Path({str(cleaned)!r}).write_text("stopped")

@@ -247,7 +247,7 @@ def test_the_example_reviewer_config_turns_on_blind_revisions_of_every_failed_gr
     assert herl.enabled and herl.blind and herl.partial
     assert herl.revisions == 4 and herl.temperature == 1.0
     assert settings.collect.temperature == 0.7 and settings.collect.guided_fraction == 0.5
-    assert settings.train.revision_weight == "distill" and settings.train.mode == "rltldr"
+    assert settings.train.revision_weight == "distill" and settings.train.mode == "filtered"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -122,7 +122,7 @@ def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
         held_out=[], round_index=1, current=base,
     )  # fmt: skip
     first, trained = _round_record(ctx, groups)
-    assert first.status == "running" and first.policy_out and first.method == "rltldr"
+    assert first.status == "running" and first.policy_out and first.method == "filtered"
     assert first.group_ids == [g.id for g in groups] and trained == groups
     # After a crash, the same round trains the same groups under the same name, even if
     # more groups have been stored since.

@@ -3,7 +3,8 @@
 - GRPO: A_i = (r_i - mean) / (std + eps).
 - R3L: b = mean (0 for a single-item group), s_i = r_i - b; a full success gets A = 1, a
   non-negative s_i is amplified by alpha, a negative one is kept as is.
-- RLTLDR: A_i = r_i - mean, no std.
+- filtered and RLTLDR: A_i = r_i - mean, no std (their rows are then filtered, in
+  `trainer.dataset`).
 
 A group of two or more whose rewards are all equal carries no signal: all-zero advantages.
 """

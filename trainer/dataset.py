@@ -22,8 +22,8 @@
 5. NudgeRL: attempts sampled with a reviewer's hint (a group that all failed) are members like
    the rest and, being guided, are distilled: a nudged success is trained under the bare prompt.
 6. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
-   that led to it. RLTLDR filters the rows to a positive ratio and adds insight SFT rows (the
-   insight given only the task, weight lambda).
+   that led to it. `filtered` (the default) filters the rows to a positive ratio, as RLTLDR
+   does; `rltldr` also adds insight SFT rows (the insight given only the task, weight lambda).
 """
 
 from __future__ import annotations
@@ -59,14 +59,14 @@ class TrainRow(BaseModel):
 
 
 def build_rows(groups: list[Group], settings: TrainSettings) -> list[TrainRow]:
-    """The rows of one round, in group order (RLTLDR's filter uses `settings.seed`)."""
+    """The rows of one round, in group order (the positive-ratio filter uses `settings.seed`)."""
     rows: list[TrainRow] = []
     extras: list[TrainRow] = []
     for group in groups:
         if group.complete:
             rows += _member_rows(group, settings)
             extras += _extra_rows(group, settings)
-    if settings.mode == "rltldr":
+    if settings.mode in ("filtered", "rltldr"):
         rows = positive_ratio_filter(rows, settings.positive_ratio, random.Random(settings.seed))
     return rows + extras
 

@@ -14,9 +14,16 @@ class TrainSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mode: AdvantageMode = Field("rltldr", description="advantage mode of each training round")
+    mode: AdvantageMode = Field(
+        "filtered",
+        description="advantage mode of each training round: grpo, r3l, filtered (r - mean, "
+        "rows filtered to a positive ratio: RLTLDR without its insights) or rltldr (the same "
+        "and the insights the run collected, as SFT rows)",
+    )
     amplification: float = Field(3.0, ge=0.0, description="R3L's alpha")
-    positive_ratio: float = Field(0.75, gt=0.0, lt=1.0, description="RLTLDR's row filter")
+    positive_ratio: float = Field(
+        0.75, gt=0.0, lt=1.0, description="the positive-ratio filter of filtered and rltldr"
+    )
     insight_weight: float = Field(0.5, ge=0.0, description="RLTLDR's lambda on insight SFT")
     distill_guided: bool = True
     distill_negatives: bool = Field(

@@ -268,18 +268,19 @@ def _after_the_tool(client: OpenAI, model: str, args: argparse.Namespace) -> lis
     could hold a success to learn from."""
 
     def one(task: tuple[str, str, int]) -> int:
-        messages: list[dict[str, Any]] = [
+        messages: Any = [
             {"role": "system", "content": SYSTEM}, {"role": "user", "content": task[1]},
         ]  # fmt: skip
+        tools: Any = [ADD]  # the agent's own tool, as plain JSON
         reply = gather(client.chat.completions.create(
-            model=model, messages=messages, tools=[ADD], max_tokens=48,  # type: ignore[arg-type]
+            model=model, messages=messages, tools=tools, max_tokens=48,
             tool_choice="required", stream=True,
         ))  # fmt: skip
         messages.append(reply)
         for call in reply.get("tool_calls") or []:
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": run_tool(call)})
         drawn = client.chat.completions.create(
-            model=model, messages=messages, tools=[ADD], max_tokens=48,  # type: ignore[arg-type]
+            model=model, messages=messages, tools=tools, max_tokens=48,
             temperature=1.0, n=args.samples,
         )  # fmt: skip
         return sum(correct(c.message.content or "", task[2]) for c in drawn.choices)

@@ -202,10 +202,10 @@ def feedback_to_serving(model: Path, scratch: Path) -> dict[str, Any]:
             _wait(lambda: _baseline(engine, model.name), served, 900)  # before any traffic
             client = OpenAI(base_url=f"{gateway}/v1", api_key="user")
             for number, score in ((1, 1.0), (2, 0.0)):
-                session = f"loop-{number}"
-                headers = {"X-Flywheel-Session": session, "X-Flywheel-Task": "sum-2-3"}
+                name = f"loop-{number}"
+                headers = {"X-Flywheel-Session": name, "X-Flywheel-Task": "sum-2-3"}
                 solve(client, "What is 2 + 3?", headers, turns=2)
-                body = {"session": session, "score": score}
+                body = {"session": name, "score": score}
                 httpx.post(f"{gateway}/v1/feedback", json=body, headers=auth).raise_for_status()
             fed = time.monotonic()
             _wait(lambda: _answered_by_new(client, model.name), served, 900)
@@ -293,8 +293,8 @@ def stitching(engine: Any, server: str, model: str, kinds: dict[str, list[str]])
     figures: dict[str, Any] = {}
     for kind, ids in kinds.items():
         multi = [s for s in ids if len(turns.get(s, [])) > 1]
-        joined = [s for s in multi if isinstance(stitched[s], Attempt)]
-        exact = [s for s in joined if _rendered_alike(server, model, stitched[s])]
+        joined = {s: a for s in multi if isinstance(a := stitched[s], Attempt)}
+        exact = [s for s, attempt in joined.items() if _rendered_alike(server, model, attempt)]
         reasons = sorted({str(stitched[s]) for s in multi if s not in joined})
         figures[kind] = {
             "sessions": len(ids),

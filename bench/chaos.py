@@ -346,7 +346,7 @@ def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
         if len(steps) == 3:
             raise KeyboardInterrupt("killed")
         steps.append(self.state.global_step)
-        return original(self, *args, **kwargs)
+        return original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     def run_round() -> RoundResult:
         return train_round(
@@ -354,7 +354,7 @@ def trainer_killed_while_saving(model_path: Path, workdir: Path) -> Row:
             name="policy-r1", settings=settings,
         )  # fmt: skip
 
-    PolicyGradientTrainer.training_step = stop_after_three  # type: ignore[method-assign]
+    PolicyGradientTrainer.training_step = stop_after_three  # type: ignore[method-assign,assignment]
     try:
         run_round()
     except KeyboardInterrupt:
@@ -513,9 +513,9 @@ def _enqueue(scene: Scene) -> None:
 
 def _batch_row(scene: Scene) -> Row:
     """The scene's own batch counted: attempts of its round's groups, lost and twice-stored."""
-    round_index, purpose, version = scene.batch
+    batch = scene.batch
     with store.transaction(scene.engine) as session:
-        groups = store.load_groups(session, purpose, round_index, version)
+        groups = store.load_groups(session, batch.purpose, batch.round_index, batch.policy_version)
     per_task: dict[str, int] = {}
     for group in groups:
         per_task[group.task_id] = per_task.get(group.task_id, 0) + 1

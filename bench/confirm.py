@@ -59,7 +59,7 @@ def main() -> None:
         run["solved"] = evaluate(run["folder"], tasks, args.port)
         print(f"[{name}] {run['version']}: {statistics.fmean(run['solved'].values()):.3f}",
               file=sys.stderr)  # fmt: skip
-    result = {
+    result: dict[str, Any] = {
         "settings": {k: str(v) for k, v in vars(args).items()},
         "tasks": len(tasks),
         "runs": {

@@ -61,11 +61,11 @@ def main() -> None:
         print(f"{variant or 'as trained'}: KL last {trained.kl_last}", file=sys.stderr, flush=True)
     print_table(results)
     if args.json:
-        settings = {k: str(v) for k, v in vars(args).items()}
+        arguments = {k: str(v) for k, v in vars(args).items()}
         names = [json.dumps(r["variant"]) if r["variant"] else "as trained" for r in results]
         figures = [Figure.single(f"{name}: KL at the end of the round", r["kl_last"])
                    for name, r in zip(names, results, strict=True)]  # fmt: skip
-        write_results(args.json, {"settings": settings, "results": results}, made, figures)
+        write_results(args.json, {"settings": arguments, "results": results}, made, figures)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:

@@ -103,7 +103,9 @@ def sample_all(
         return anyio.run(run)
 
 
-async def _one(client: PolicyClient, model: str, messages: list, sampling: Any, out: list) -> None:
+async def _one(
+    client: PolicyClient, model: str, messages: list[Any], sampling: Any, out: list[Any]
+) -> None:
     out.append(await client.sample(model, messages, sampling))
 
 
@@ -111,7 +113,8 @@ def drift(model_path: Path, samples: list[Sample]) -> dict[str, float]:
     """Per-token log ratios of the float32 trainer's log-probabilities over the server's."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
     ratios: list[float] = []
     with torch.no_grad():
         for sample in samples:

@@ -57,7 +57,7 @@ class FaultProxy:
         """Serve on a free loopback port in a background thread; yields the proxy's URL."""
         loop = asyncio.new_event_loop()
         ready = threading.Event()
-        holder: dict[str, asyncio.AbstractServer] = {}
+        holder: dict[str, asyncio.Server] = {}
 
         async def start() -> None:
             holder["server"] = await asyncio.start_server(self._handle, "127.0.0.1", 0)

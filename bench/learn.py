@@ -259,7 +259,7 @@ def run_arm(
 def final_version(summary: dict[str, Any]) -> str:
     """The version the run serves at its end: its last promoted round, else the base model."""
     promoted = [r["policy_version"] for r in summary["rounds"] if r["promoted"]]
-    return promoted[-1] if promoted else summary["base_model"]
+    return str(promoted[-1] if promoted else summary["base_model"])
 
 
 def _final_solved(summary: dict[str, Any]) -> dict[str, bool]:
@@ -355,11 +355,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(6, 4))
     for arm, curve in result["arms"].items():
         points = [(i, p) for i, p in enumerate(curve["pass_at_1"]) if p is not None]
-        rounds, shares = zip(*points, strict=True)
+        indices, shares = zip(*points, strict=True)
         bars = error_bars(shares, [n] * len(shares))
-        axis.errorbar(rounds, shares, yerr=bars, marker="o", capsize=3, label=arm)
-    rounds = max(len(curve["pass_at_1"]) for curve in result["arms"].values())
-    axis.set_xticks(range(rounds))
+        axis.errorbar(indices, shares, yerr=bars, marker="o", capsize=3, label=arm)
+    longest = max(len(curve["pass_at_1"]) for curve in result["arms"].values())
+    axis.set_xticks(range(longest))
     axis.set_xlabel("round (0 = base model)")
     axis.set_ylabel(f"held-out pass@1 (95% Wilson, n {n})")
     axis.set_ylim(0, 1)

@@ -39,11 +39,10 @@ from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_resul
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from smollm2_server import smollm2_server
-
 from agents.context import bare_messages
 from agents.policy import PolicyClient
 from agents.settings import CollectSettings
+from bench.smollm2_server import smollm2_server
 from flows.settings import RunSettings
 from memory.records import Batch, SamplingSettings
 from reports.table import text_table
@@ -120,7 +119,9 @@ def measure(args: argparse.Namespace, url: str, model: str) -> dict[str, Any]:
     }
 
 
-async def raw(args: argparse.Namespace, url: str, model: str, tasks: list) -> tuple[int, float]:
+async def raw(
+    args: argparse.Namespace, url: str, model: str, tasks: list[Any]
+) -> tuple[int, float]:
     client = PolicyClient(url)
     limiter = anyio.CapacityLimiter(args.concurrency)
     sampling = SamplingSettings(temperature=1.0, max_tokens=args.max_tokens)
@@ -144,7 +145,7 @@ async def raw(args: argparse.Namespace, url: str, model: str, tasks: list) -> tu
 
 
 def through_flow(
-    args: argparse.Namespace, url: str, model: str, tasks: list
+    args: argparse.Namespace, url: str, model: str, tasks: list[Any]
 ) -> tuple[int, float, float]:
     from prefect import flow
 

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from smollm2_server import fixed_server
 
 from agents import reflection
 from bench.common import ROOT, Figure, provenance, write_results
+from bench.smollm2_server import fixed_server
 from reports.table import text_table
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
 from serving.server import VllmServer, cpu_dtype, split_cores
@@ -155,13 +155,13 @@ def reflection_messages(count: int) -> list[list[dict[str, str]]]:
     return prompts
 
 
-def reflect_all(url: str, model: str, prompts: list, concurrency: int) -> dict[str, float]:
+def reflect_all(url: str, model: str, prompts: list[Any], concurrency: int) -> dict[str, float]:
     """Reflections `concurrency` at a time: tokens/s and the share of valid replies."""
     schema = reflection.Reflection.model_json_schema()
     schema["properties"]["outcome"]["enum"] = ["success_but_inefficient", "failure"]
     response_format = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
 
-    def one(messages: list) -> tuple[int, bool]:
+    def one(messages: list[Any]) -> tuple[int, bool]:
         body = {"model": model, "messages": messages, "max_tokens": reflection.REFLECT_MAX_TOKENS}
         body |= {"temperature": 0.3, "response_format": response_format}
         response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)

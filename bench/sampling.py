@@ -31,13 +31,13 @@ from typing import Any
 
 import httpx
 
-from bench.chaos import random_adapter
 from bench.common import ROOT, Figure, provenance, server_settings, write_results
 from reports.table import text_table
 from serving import weights
 from serving.adapters import ensure_loaded
 from serving.model import prepare_smollm2, prepare_tiny_llama
 from serving.server import VllmServer
+from tests.helpers import random_adapter  # a LoRA of random weights
 from trainer.merge import merge_version
 
 PROMPT = "Count from one to twenty in words."
@@ -141,7 +141,9 @@ def throughput(url: str, model: str, args: argparse.Namespace) -> float:
     return tokens / (time.monotonic() - started)
 
 
-def swaps(url: str, base: Path, versions: dict[str, tuple[Path, Path]], count: int) -> dict:
+def swaps(
+    url: str, base: Path, versions: dict[str, tuple[Path, Path]], count: int
+) -> dict[str, Any]:
     """`count` swaps between the two versions under a steady load of 4 clients."""
     errors: list[str] = []
     answered = [0]

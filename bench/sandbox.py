@@ -97,7 +97,7 @@ def throughput(run: Any, args: argparse.Namespace) -> float:
     started = time.perf_counter()
     with ThreadPoolExecutor(args.workers) as pool:
         list(pool.map(lambda _: run(), range(count)))
-    return count / (time.perf_counter() - started)
+    return float(count / (time.perf_counter() - started))
 
 
 def row(name: str, timings: list[float], rate: float, baseline: list[float]) -> dict[str, Any]:

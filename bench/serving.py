@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.engine import Engine
 
 from bench.common import ROOT, Figure, free_port, provenance, server_settings, write_results
 from memory import folders, store
@@ -72,7 +73,7 @@ def figures(results: dict[str, Any]) -> list[Figure]:
     ]  # fmt: skip
 
 
-def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict:
+def run(args: argparse.Namespace, model_path: Path, scratch: Path) -> dict[str, Any]:
     upstream = server_settings(model_path, scratch / "vllm.log")
     root = scratch / "adapters"
     template = make_adapter(model_path, scratch / "template")
@@ -129,7 +130,7 @@ def throughput(url: str, args: argparse.Namespace, passes: int = 1) -> float:
             },
         )
         response.raise_for_status()
-        return response.json()["usage"]["completion_tokens"]
+        return int(response.json()["usage"]["completion_tokens"])
 
     with httpx.Client(base_url=url, timeout=600) as client:
         model = "policy" if "policy" in _model_ids(client) else _model_ids(client)[0]
@@ -139,7 +140,9 @@ def throughput(url: str, args: argparse.Namespace, passes: int = 1) -> float:
         return tokens / (time.monotonic() - started)
 
 
-def swaps(gateway: str, engine, template: Path, root: Path, count: int):
+def swaps(
+    gateway: str, engine: Engine, template: Path, root: Path, count: int
+) -> tuple[list[float], list[float], int, int]:
     load = SteadyLoad(gateway)
     latencies: list[float] = []
     load_seconds: list[float] = []
@@ -221,11 +224,11 @@ def make_adapter(model_path: Path, out: Path) -> Path:
         init_lora_weights=False,
         task_type="CAUSAL_LM",
     )
-    get_peft_model(model, config).save_pretrained(out)
+    get_peft_model(model, config).save_pretrained(str(out))
     return out
 
 
-def seed_store(engine, base: str) -> None:
+def seed_store(engine: Engine, base: str) -> None:
     with store.transaction(engine) as session:
         store.save_policy_version(session, PolicyVersion(name=base, base_model=base))
         store.record_evaluation(session, base, 0.0)
@@ -242,7 +245,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def print_table(r: dict) -> None:
+def print_table(r: dict[str, Any]) -> None:
     rows = [
         ("direct vLLM tokens/s", f"{r['direct_tokens_per_s']:.1f}", ""),
         ("gateway tokens/s", f"{r['gateway_tokens_per_s']:.1f}", ""),

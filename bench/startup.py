@@ -14,9 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from smollm2_server import fixed_server
-
 from bench.common import ROOT, Figure, provenance, write_results
+from bench.smollm2_server import fixed_server
 from cli.launch import _start
 from reports.table import text_table
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2

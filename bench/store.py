@@ -70,7 +70,9 @@ def main() -> None:
     if args.pg_url:
         with scratch_database(args.pg_url) as url:
             rows.append(measure("postgresql", url, args))
-    result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "pg_url")}}
+    result: dict[str, Any] = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "pg_url")}
+    }
     result["databases"] = rows
     print_table(result)
     if args.json:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from smollm2_server import smollm2_server
 
 from agents.collector import GroupSpec, collect_group
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
 from bench.common import Figure, provenance, write_results
+from bench.smollm2_server import smollm2_server
 from memory.records import Group
 from verifiers.catalog import eval_tasks, names
 from verifiers.errors import VerifierError
@@ -100,7 +100,12 @@ def _has(name: str, count: int) -> bool:
 
 
 async def _collect(
-    tasks: list, url: str, model: str, args: argparse.Namespace, group_size: int, temperature: float
+    tasks: list[Any],
+    url: str,
+    model: str,
+    args: argparse.Namespace,
+    group_size: int,
+    temperature: float,
 ) -> list[Group]:
     settings = CollectSettings(
         group_size=group_size, temperature=temperature, max_tokens=args.max_tokens

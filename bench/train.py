@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, Figure, provenance, write_results
 from memory.records import Attempt, Group, Sample, SamplingSettings
@@ -43,7 +44,7 @@ def main() -> None:
         print(json.dumps(measure(args)))
         return
     made = provenance()
-    passes: dict[str, list[dict]] = {"sft": [], "ours": []}
+    passes: dict[str, list[dict[str, Any]]] = {"sft": [], "ours": []}
     for index in range(args.passes):
         for variant in ("sft", "ours"):
             passes[variant].append(run_variant(variant))
@@ -62,7 +63,7 @@ def main() -> None:
         write_results(args.json, result, made, figures(passes))
 
 
-def figures(passes: dict[str, list[dict]]) -> list[Figure]:
+def figures(passes: dict[str, list[dict[str, Any]]]) -> list[Figure]:
     """Tokens/s of each variant and our overhead, with intervals over passes; peak memory."""
     ratios = [s["tokens_per_s"] / o["tokens_per_s"] - 1
               for s, o in zip(passes["sft"], passes["ours"], strict=True)]  # fmt: skip
@@ -78,7 +79,7 @@ def figures(passes: dict[str, list[dict]]) -> list[Figure]:
     ]  # fmt: skip
 
 
-def run_variant(variant: str) -> dict:
+def run_variant(variant: str) -> dict[str, Any]:
     command = [sys.executable, __file__, *sys.argv[1:], "--variant", variant]
     if "--json" in command:
         index = command.index("--json")
@@ -86,10 +87,11 @@ def run_variant(variant: str) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{variant} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     models = ROOT / ".flywheel" / "models"
@@ -125,7 +127,9 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
-def plain_sft(groups: list[Group], model_path: Path, settings: TrainSettings, scratch: str):
+def plain_sft(
+    groups: list[Group], model_path: Path, settings: TrainSettings, scratch: str
+) -> tuple[float, int]:
     """TRL's own SFTTrainer, same config and LoRA, on the same input ids and labels."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -196,7 +200,7 @@ def synthetic_groups(args: argparse.Namespace) -> list[Group]:
     return groups
 
 
-def print_table(r: dict) -> None:
+def print_table(r: dict[str, Any]) -> None:
     s = r["settings"]
     print(
         f"{'variant':<22}{'tokens/s':>10}{'train s':>10}{'peak RSS MiB':>14}{'peak CUDA MiB':>15}"

@@ -17,6 +17,14 @@ reviewer's verified revisions of a group that all failed: HeRL; attempts with th
 hint for such a group: NudgeRL) and the tasks only guidance
 solved, where none of the method's own bare attempts did. A revision is a success to train on,
 written by the reviewer: its tokens are priced as the reviewer's.
+
+Cost is also measured, not only priced: each group's finishing time is kept, and each method is
+set against plain sampling at equal wall time on this machine (both servers in place, the
+reviewer's prefill included): the tasks the policy itself solved in the method's whole run
+against those plain sampling had solved after as many seconds. Plain sampling runs on past its
+token budget (`--plain-stretch` times it) so that its clock outlasts the methods'; its figures
+at the token budget are read from the same run.
+
 Real SmolLM2 on the CPU vLLM server.
 
     .venv/bin/python -m bench.explore [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
@@ -96,6 +104,12 @@ def main() -> None:
         default=None,
         help="take the plain arm from an earlier run's JSON (the same tasks and budget)",
     )
+    parser.add_argument(
+        "--plain-stretch",
+        type=float,
+        default=2.0,
+        help="plain sampling runs to this many times the budget, for the equal-time comparison",
+    )
     parser.add_argument("--server-url", default=None)
     parser.add_argument("--port", type=int, default=8031)
     parser.add_argument("--json", type=Path, default=None)
@@ -116,6 +130,7 @@ def main() -> None:
             results[method] = anyio.run(run_method, method, tasks, args, url, model.name, reviewer)
             if "plain" in results:
                 compare(results, results["plain"])
+                at_equal_time(results, results["plain"])
             if args.json:
                 write_results(args.json, result, made, figures(result))
     print_table(result)
@@ -145,7 +160,26 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             diff, low, high = paired_difference(own, base)
             found.append(Figure(f"{method} minus plain, solved by the policy at equal cost",
                                 diff, n, low, high, counts="policy"))  # fmt: skip
+        found += equal_time_figures(method, m.get("equal_time"), n)
     return found
+
+
+def equal_time_figures(method: str, timed: dict[str, Any] | None, n: int) -> list[Figure]:
+    """The measured comparison: the policy's own solved share in the method's run, plain
+    sampling's after as many seconds, and their paired difference."""
+    if timed is None:
+        return []
+    seconds = f"{timed['seconds']:.0f} s"
+    diff, low, high = timed["minus_plain"]
+    ran_out = ", plain's whole run (it ended first)" if timed["plain_ran_out"] else ""
+    return [
+        Figure.share(f"{method}: solved by the policy itself in its {seconds}",
+                     round(timed["policy_solved"] * n), n, "policy"),
+        Figure.share(f"plain: solved after the same {seconds}{ran_out}",
+                     round(timed["plain_solved"] * n), n, "policy"),
+        Figure(f"{method} minus plain at equal wall time, solved by the policy",
+               diff, n, low, high, counts="policy"),
+    ]  # fmt: skip
 
 
 SAME = ("taskset", "tasks", "budget", "group_size", "max_tokens")
@@ -187,16 +221,19 @@ async def run_method(
     limiter = anyio.CapacityLimiter(args.concurrency)
     board = InsightBoard() if settings.insights else None
     groups: dict[str, list[Group]] = {t.task_id: [] for t in tasks}
+    finished: dict[str, list[float]] = {t.task_id: [] for t in tasks}  # seconds, per group
     spent = dict.fromkeys(groups, 0)
+    budget = args.budget * (args.plain_stretch if method == "plain" else 1.0)
     started = time.monotonic()
 
     async def explore(task: Task) -> None:
-        while spent[task.task_id] < args.budget:
+        while spent[task.task_id] < budget:
             group = await collect_group(
                 Endpoint(client, model), task, GroupSpec(0, "train", settings), limiter,
                 board=board, reviewer=reviewer,
             )  # fmt: skip
             groups[task.task_id].append(group)
+            finished[task.task_id].append(time.monotonic() - started)
             used = sum(a.generated_tokens for a in group.attempts if a.policy_version == model)
             spent[task.task_id] += max(used, 1)
 
@@ -235,6 +272,10 @@ async def run_method(
         "solved_at_cost_interval": wilson(sum(at_cost), len(at_cost)),
         "policy_solved_at_cost_per_task": own,
         "policy_solved_at_cost": statistics.fmean(own),
+        "policy_solved_at_second_per_task": [
+            first_solved(gs, ts, policy_own(model))
+            for gs, ts in zip(groups.values(), finished.values(), strict=True)
+        ],
         "first_attempt_pass_at_1": statistics.fmean(bool(a and a.correct) for a in first),
         "tokens_per_task": statistics.fmean(spent.values()),
         **guidance_found(list(groups.values())),
@@ -315,6 +356,41 @@ def solved_within(
     return False
 
 
+def first_solved(
+    groups: list[Group], finished: list[float], counts: Callable[[Attempt], bool]
+) -> float | None:
+    """The second the first group with a success that `counts` finished, if any."""
+    return next(
+        (at for g, at in zip(groups, finished, strict=True)
+         if any(a.correct and counts(a) for a in g.attempts)),
+        None,
+    )  # fmt: skip
+
+
+def at_equal_time(results: dict[str, dict[str, Any]], plain: dict[str, Any]) -> None:
+    """Each method's tasks solved by the policy in its whole run, against the tasks plain
+    sampling had solved after as many seconds (paired on the same tasks); `plain_ran_out` where
+    plain's stretched budget ended before the method's clock did (plain then counts whole)."""
+    plain_at = plain.get("policy_solved_at_second_per_task")
+    if plain_at is None:
+        return
+    for method, figures in results.items():
+        own_at = figures.get("policy_solved_at_second_per_task")
+        if method == "plain" or own_at is None:
+            continue
+        seconds = figures["seconds"]
+        own = [at is not None for at in own_at]
+        base = [at is not None and at <= seconds for at in plain_at]
+        figures["equal_time"] = {
+            "seconds": seconds,
+            "plain_ran_out": plain["seconds"] < seconds,
+            "policy_solved": statistics.fmean(own),
+            "plain_solved": statistics.fmean(base),
+            "ratio": statistics.fmean(own) / statistics.fmean(base) if any(base) else None,
+            "minus_plain": paired_difference(own, base),
+        }
+
+
 def policy_own(model: str) -> Callable[[Attempt], bool]:
     """An attempt the policy wrote itself (bare, guided, a retry after a reflection, under a
     hint), not the reviewer's revision: the successes that count as the policy's."""
@@ -350,6 +426,14 @@ def print_table(result: dict[str, Any]) -> None:
         "cost); won/lost = tasks it solved that plain did not, and the reverse; only guidance = "
         "tasks solved by guided attempts or retries and by none of its own bare attempts"
     )
+    for method, f in result["methods"].items():
+        if timed := f.get("equal_time"):
+            print(
+                f"{method}: the policy itself solved {timed['policy_solved']:.3f} in "
+                f"{timed['seconds']:.0f} s; plain sampling {timed['plain_solved']:.3f} after as "
+                f"long ({ratio(timed['ratio'])}, {difference(timed['minus_plain'])} paired)"
+                + (" (plain's whole run: it ended first)" if timed["plain_ran_out"] else "")
+            )
 
 
 def share(value: float, interval: tuple[float, float]) -> str:

@@ -58,3 +58,27 @@ def test_a_revision_spends_the_budget_but_is_not_the_policys_success() -> None:
     later = make_group([1.0], task_id="t1")
     assert solved_within([revised, later], budget=1000, counts=own)  # the policy's own, later
     assert not solved_within([revised, later], budget=19, counts=own)  # the revision spent it
+
+
+def test_a_method_is_set_against_plain_sampling_at_equal_wall_time() -> None:
+    """Measured cost: the tasks the policy solved in the method's run against those plain
+    sampling had solved after as many seconds; a revision's success is not the policy's."""
+    from bench.explore import at_equal_time, first_solved, policy_own
+
+    lost, won = make_group([0.0, 0.0]), make_group([0.0, 1.0])
+    counts = policy_own(won.attempts[0].policy_version)
+    assert first_solved([lost, won, won], [3.0, 7.0, 9.0], counts) == 7.0
+    revised = with_attempts(lost, [*lost.attempts, won.attempts[1].model_copy(
+        update={"kind": "revision"})])  # fmt: skip
+    assert first_solved([revised], [2.0], counts) is None
+    plain = {"seconds": 100.0, "policy_solved_at_second_per_task": [10.0, 60.0, None, 90.0]}
+    method = {"seconds": 50.0, "policy_solved_at_second_per_task": [40.0, 45.0, 30.0, None]}
+    results = {"plain": plain, "r3l": method}
+    at_equal_time(results, plain)
+    timed = method["equal_time"]
+    assert timed["plain_solved"] == 0.25 and timed["policy_solved"] == 0.75  # plain: 10 s only
+    assert timed["ratio"] == 3.0 and not timed["plain_ran_out"]
+    assert "equal_time" not in plain
+    longer = {"seconds": 150.0, "policy_solved_at_second_per_task": [1.0, None, None, None]}
+    at_equal_time({"plain": plain, "slow": longer}, plain)
+    assert longer["equal_time"]["plain_ran_out"] and longer["equal_time"]["plain_solved"] == 0.75

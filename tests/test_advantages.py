@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from memory.records import Attempt, Group, Sample
+from memory.records import Attempt, Group, Sample, SamplingSettings
 from tests.helpers import make_group, with_attempts
 from trainer.advantages import grpo_advantages, mean_advantages, r3l_advantages
 from trainer.dataset import (
@@ -250,3 +250,49 @@ def test_length_batches_keep_every_row_and_pad_less_than_a_shuffle() -> None:
     # alternate among the batches rather than coming all at once.
     longest = [max(len(r.input_ids) for r in ordered[i : i + 8]) for i in range(0, 96, 8)]
     assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
+
+
+def episode(index: int, reward: float, replies: list[str]) -> Attempt:
+    """An episode of len(replies) + 1 turns of two tokens each, the replies forced between."""
+    messages: list[dict] = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    ids, spans = [10, 11], []
+    for reply in replies:
+        messages += [{"role": "assistant", "content": "act"}, {"role": "tool", "content": reply}]
+        spans.append((len(ids), len(ids) + 2))
+        ids += [20, 21, 10, 11]
+    messages.append({"role": "assistant", "content": "done"})
+    sample = Sample(text="t", prompt_token_ids=[1, 2], completion_token_ids=ids,
+                    logprobs=[-1.0] * len(ids), finish_reason="stop")  # fmt: skip
+    return Attempt(sample_index=index, policy_version="base", messages=messages,
+                   sampling=SamplingSettings(temperature=1.0, max_tokens=64), sample=sample,
+                   forced_spans=spans, reward=reward, correct=reward > 0, format_ok=True,
+                   answer="a", reason="test", turns=len(replies) + 1)  # fmt: skip
+
+
+def test_slea_credits_the_turns_of_the_episode_that_reached_the_reward_sooner() -> None:
+    """Both episodes succeed, so the episode advantage is zero; SLEA's step term still tells
+    them apart: at the observations both met, the two-turn episode's returns are higher."""
+    short = episode(0, 1.0, ["the sum so far is 12"])
+    long = episode(1, 1.0, ["the sum so far is 12", "error: unknown tool name xyz"])
+    group = make_group([1.0, 1.0]).model_copy(update={"attempts": [short, long], "size": 2})
+    assert build_rows([group], GRPO) == []  # no reward spread, no episode credit
+    rows = build_rows([group], GRPO.model_copy(update={"step_weight": 1.0}))
+    by_length = {len(r.input_ids): r.advantages[2:] for r in rows}
+    short_turns, long_turns = by_length[8], by_length[12]
+    # turn 0 ("task"): returns 0.95 and 0.9025; turn 1 ("... is 12"): 1.0 and 0.95
+    assert short_turns[:2] == pytest.approx([0.02375] * 2)
+    assert short_turns[4:] == pytest.approx([0.025] * 2)
+    assert long_turns[:2] == pytest.approx([-0.02375] * 2)
+    assert long_turns[4:6] == pytest.approx([-0.025] * 2)
+    assert long_turns[8:] == pytest.approx([0.0] * 2)  # its last observation is its own cluster
+
+
+def test_a_turn_is_compared_with_turns_that_met_a_similar_observation() -> None:
+    from trainer.steps import cluster, observations
+
+    assert cluster(["the sum so far is 12", "the sum so far is 13", "error: no such tool"]) == [
+        0,
+        0,
+        1,
+    ]
+    assert observations(episode(0, 1.0, ["r1", "r2"])) == ["task", "r1", "r2"]

@@ -21,7 +21,10 @@
    copy: its advantage alone.
 5. NudgeRL: attempts sampled with a reviewer's hint (a group that all failed) are members like
    the rest and, being guided, are distilled: a nudged success is trained under the bare prompt.
-6. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
+6. SLEA-RL (`step_weight` above 0): in a group of episodes each turn's tokens also get the
+   turn's step advantage, its discounted return against the turns that met a similar
+   observation (`trainer.steps`).
+7. R3L adds single-item groups: an improved retry under its guided prompt, and the reflection
    that led to it. `filtered` (the default) filters the rows to a positive ratio, as RLTLDR
    does; `rltldr` also adds insight SFT rows (the insight given only the task, weight lambda).
 """
@@ -36,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from memory.records import FIRST_KINDS, Attempt, Group
 from trainer.advantages import advantages
 from trainer.settings import TrainSettings
+from trainer.steps import step_advantages, token_steps
 
 IGNORE = -100
 WINDOW = 8  # batches sorted by length together (see `length_batches`)
@@ -183,16 +187,34 @@ def _rewards(members: list[Attempt], settings: TrainSettings) -> list[float]:
 def _member_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
     members = _members(group)
     pivots = {a.parent_index: a.pivot_tokens for a in members if a.kind == "retry"}
-    scores = advantages(settings.mode, _rewards(members, settings), settings.amplification)
+    rewards = _rewards(members, settings)
+    scores = advantages(settings.mode, rewards, settings.amplification)
+    steps = _steps(members, rewards, settings)
     rows = []
-    for attempt, advantage in zip(members, scores, strict=True):
+    for attempt, advantage, step in zip(members, scores, steps, strict=True):
         paired = pivots.get(attempt.sample_index, 0) if attempt.kind in FIRST_KINDS else 0
         pivot = attempt.pivot_tokens or paired  # a parent shares its retry's replayed tokens
-        row = _row(attempt, advantage, pivot, settings) if advantage != 0.0 else None
+        credited = advantage != 0.0 or any(step or [])
+        row = _row(attempt, advantage, pivot, settings, steps=step) if credited else None
         if row is None or (advantage < 0 and not row.importance and not settings.distill_negatives):
             continue
         rows.append(row)
     return rows
+
+
+def _steps(
+    members: list[Attempt], rewards: list[float], settings: TrainSettings
+) -> list[list[float] | None]:
+    """SLEA-RL's step terms per member's completion token (`trainer.steps`), for a group of
+    episodes when `step_weight` is set; None for the rest."""
+    episodic = any(m.forced_spans for m in members)
+    if settings.step_weight == 0.0 or not episodic or len(members) < 2:
+        return [None] * len(members)
+    by_turn = step_advantages(members, rewards, settings.step_gamma)
+    return [
+        token_steps(m, turns, settings.step_weight) if m.sample is not None else None
+        for m, turns in zip(members, by_turn, strict=True)
+    ]
 
 
 def _extra_rows(group: Group, settings: TrainSettings) -> list[TrainRow]:
@@ -214,8 +236,10 @@ def _row(
     pivot: int,
     settings: TrainSettings,
     distill: bool | None = None,
+    steps: list[float] | None = None,
 ) -> TrainRow | None:
-    """One row; None when the attempt has no sample, nothing left to train, or no bare ids."""
+    """One row; None when the attempt has no sample, nothing left to train, or no bare ids.
+    `steps` adds a term per completion token to the advantage (SLEA-RL's step credit)."""
     sample = attempt.sample
     if sample is None:
         return None
@@ -237,7 +261,8 @@ def _row(
     return TrainRow(
         input_ids=input_ids,
         labels=[IGNORE] * n_prompt + trained,
-        advantages=[0.0] * n_prompt + [advantage] * n_completion,
+        advantages=[0.0] * n_prompt
+        + [advantage + (steps[k] if steps else 0.0) for k in range(n_completion)],
         behaviour_logprobs=[0.0] * n_prompt + sample.logprobs[:n_completion],
         importance=not distill and not revision,
         off_policy=off_policy,

@@ -56,6 +56,14 @@ class TrainSettings(BaseModel):
         description="how a verified revision is weighted: HeRL's shaped off-policy weight, or "
         "as a distill copy (its advantage alone, like a guided success under the bare prompt)",
     )
+    step_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="SLEA-RL's w: in a group of episodes, each turn's tokens add w times the "
+        "turn's step advantage (its discounted return against the group's turns that met a "
+        "similar observation); 0: off, 1: the paper's",
+    )
+    step_gamma: float = Field(0.95, gt=0.0, le=1.0, description="SLEA-RL's discount per turn")
     seed: int = 0
     device: str = "auto"
     dtype: Literal["auto", "bfloat16", "float32"] = Field(

@@ -25,6 +25,12 @@ settings except for what the arm changes. Arms:
     filtered+herl4b  as filtered+herl4, the reviewer answering afresh, not shown the failed
              attempt
     filtered+herl4pb  the same, revising every group with a failure (`make run`'s settings)
+    default  those settings again, under the name the arms below build on
+    default+sge, default+r3l, default+insights, default+library, default+outcome,
+    default+nudge  `make run`'s settings with one structured method on top (SGE's strategies,
+             R3L's reflections and retries, RLTLDR's insights, EDGE's library, outcome
+             bonuses, NudgeRL's hints): what each adds beyond the reviewer's revisions
+    alone    the policy alone, no reviewer (`make run REVIEWER=`)
 
 (Results written before the default mode was named `filtered` call these arms `rltldr...`.)
 
@@ -106,6 +112,20 @@ ARMS: dict[str, dict[str, Any]] = {
     },
     "filtered+nudge": {"collect.nudge": True, "train.mode": "filtered"},
 }
+# `make run`'s settings (examples/reviewer.toml), and each structured method on top of them:
+# what a method adds beyond the reviewer's blind revisions.
+DEFAULT = ARMS["filtered+herl4pb"]
+ON_TOP: dict[str, dict[str, Any]] = {
+    "sge": {"collect.strategy.enabled": True},
+    "r3l": {"collect.retry.enabled": True},
+    "insights": {"collect.insights": True, "train.mode": "rltldr"},
+    "library": {"library.enabled": True},
+    "outcome": {"outcome.bonus": 0.1, "outcome.repeat_penalty": 0.1},
+    "nudge": {"collect.nudge": True},
+}
+ARMS["default"] = DEFAULT
+ARMS |= {f"default+{name}": {**DEFAULT, **extra} for name, extra in ON_TOP.items()}
+ARMS["alone"] = {}  # the policy alone: `make run REVIEWER=`
 # the arms a reviewer serves: those that reflect, revise or nudge
 REVIEWED = tuple(
     arm

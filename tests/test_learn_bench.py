@@ -25,3 +25,18 @@ def test_final_versions_are_paired_on_the_tasks_both_were_evaluated_on() -> None
     assert (result["won"], result["lost"]) == (2, 1)
     assert result["difference"] == pytest.approx(0.25)
     assert result["low"] < result["difference"] < result["high"]
+
+
+def test_every_arm_is_a_valid_run_config(tmp_path) -> None:
+    """Each arm's dotted keys load as `flywheel run` settings (a typo would fail an arm only
+    after the minutes before it had run)."""
+    from bench.learn import ARMS, _toml
+    from flows.settings import load_run_settings
+
+    for arm, spec in ARMS.items():
+        config = tmp_path / f"{arm}.toml"
+        config.write_text(_toml({k: v for k, v in spec.items() if k != "halve_group"}))
+        settings = load_run_settings(config, {})
+        if arm.startswith("default"):
+            assert settings.collect.revise.blind and settings.train.revision_weight == "distill"
+    assert ARMS["default+insights"]["train.mode"] == "rltldr"

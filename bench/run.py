@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.common import FLYWHEEL, ROOT, Figure, checkout_env, provenance, write_results
 from reports.intervals import mean_interval, welch_difference
+from reports.summary import serving_share
 from reports.table import text_table
 
 REVIEWER = ["--reviewer", "qwen2.5-coder-0.5b", "--config", "examples/reviewer.toml"]
@@ -128,13 +129,19 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
     found = []
     for arm, done in runs.items():
         # Every arm that serves the reviewer learns from its answers, not the "reviewer" arm alone.
-        counts = "policy and reviewer" if "--reviewer" in ARMS[arm] else "policy"
+        counts = _counts(arm)
         found.append(Figure.mean(f"{arm}: wall time of the command",
                                  [r["command_seconds"] for r in done], "s"))  # fmt: skip
         for stage in ("server_start", *STAGES, "total"):
             values = [r["wall_seconds"].get(stage, 0.0) for r in done]
             if any(values):
                 found.append(Figure.mean(f"{arm}: {stage} stage, all rounds", values, "s"))
+        shares = [serving_share(r["wall_seconds"]) for r in done]
+        if all(share is not None for share in shares):
+            found.append(Figure.mean(
+                f"{arm}: share of the run after the server's start with work for the policy's "
+                "server (baseline, collection, evaluation)", [s or 0.0 for s in shares],
+            ))  # fmt: skip
         found.append(Figure.mean(f"{arm}: final held-out pass@1",
                                  [r["final_pass_at_1"] for r in done], counts=counts))  # fmt: skip
         found.append(Figure.mean(f"{arm}: final minus base, paired per run",
@@ -145,9 +152,16 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
             continue
         diff, low, high = welch_difference([r["final_pass_at_1"] for r in done],
                                            [r["final_pass_at_1"] for r in baseline])  # fmt: skip
-        found.append(Figure(f"{arm} minus {first}, final pass@1 (Welch over runs)", diff,
-                            len(done) + len(baseline), low, high))  # fmt: skip
+        name = f"{arm} minus {first}, final pass@1 (Welch over runs)"
+        n = len(done) + len(baseline)
+        found.append(Figure(name, diff, n, low, high, counts=_counts(first, arm)))
     return found
+
+
+def _counts(*arms: str) -> str:
+    """Whose work the held-out answers of these arms count: the policy's own always; "policy
+    and reviewer" where every arm learnt from the reviewer's answers too."""
+    return "policy and reviewer" if all("--reviewer" in ARMS[a] for a in arms) else "policy"
 
 
 def print_table(runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -118,14 +118,30 @@ STAGES = ("server_start", "baseline", "collect", "curate", "train", "merge", "sw
 
 
 def _stages(seconds: dict[str, float]) -> str:
-    """Seconds per stage over the run, and how long training ran beside collection."""
+    """Seconds per stage over the run, how long training ran beside collection, and the share
+    of the run after the server's start in which the policy's server had work."""
     parts = [f"{name.replace('_', ' ')} {seconds[name]:.0f}" for name in STAGES if name in seconds]
     if not parts:
         return ""
     hidden = seconds.get("hidden", 0.0)
     beside = f" ({hidden:.0f} s of training ran beside collection)" if hidden else ""
     total = f"; {seconds['total']:.0f} s in all" if "total" in seconds else ""
-    return f"seconds: {', '.join(parts)}{total}{beside}"
+    share = serving_share(seconds)
+    working = f"; the policy's server had work {share:.0%} of it" if share is not None else ""
+    return f"seconds: {', '.join(parts)}{total}{beside}{working}"
+
+
+SERVING_STAGES = ("baseline", "collect", "evaluate")  # the stages the policy's server works in
+
+
+def serving_share(seconds: dict[str, float]) -> float | None:
+    """The share of the run after the model server's start spent in stages the policy's server
+    works in (baseline, collection, evaluation: they run one after another, and collection is
+    the part training may run beside), or None without a run's total."""
+    after = seconds.get("total", 0.0) - seconds.get("server_start", 0.0)
+    if after <= 0:
+        return None
+    return min(1.0, sum(seconds.get(name, 0.0) for name in SERVING_STAGES) / after)
 
 
 def _verdict(summary: RunSummary) -> str:

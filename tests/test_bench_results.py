@@ -77,3 +77,6 @@ def test_a_run_is_read_from_its_summary_and_the_arms_compared_over_runs() -> Non
     welch = found["alone minus reviewer, final pass@1 (Welch over runs)"]
     assert welch.value == pytest.approx((0.266 + 0.281) / 2 - 0.43) and welch.n == 4
     assert found["reviewer: total stage, all rounds"].value == 900.0
+    assert welch.counts == "policy"  # the policy's own answers; one arm had no reviewer
+    share = "reviewer: share of the run after the server's start with work for the policy's "
+    assert found[share + "server (baseline, collection, evaluation)"].value == pytest.approx(1 / 9)

@@ -67,5 +67,14 @@ def test_the_table_gives_each_stages_seconds_and_the_training_hidden_beside_coll
     seconds = {"collect": 330.4, "train": 180.0, "hidden": 120.0, "evaluate": 40.0, "total": 620.0}
     run = summary(0.266, 0.297).model_copy(update={"wall_seconds": seconds})
     assert ("seconds: collect 330, train 180, evaluate 40; 620 s in all "
-            "(120 s of training ran beside collection)") in format_table(run)  # fmt: skip
+            "(120 s of training ran beside collection); the policy's server had work 60% of "
+            "it") in format_table(run)  # fmt: skip
     assert "seconds:" not in format_table(summary(0.266, 0.297))
+
+
+def test_the_serving_share_counts_the_run_after_the_servers_start() -> None:
+    from reports.summary import serving_share
+
+    seconds = {"server_start": 60.0, "baseline": 20.0, "collect": 170.0, "train": 140.0}
+    assert serving_share(seconds | {"evaluate": 30.0, "total": 460.0}) == 0.55
+    assert serving_share(seconds) is None  # no total: a run cut short

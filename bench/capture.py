@@ -48,7 +48,7 @@ from bench.common import (
     stop_serve,
     write_results,
 )
-from bench.serving import seed_store
+from bench.gateway import seed_store
 from examples.agent import ADD, solve
 from memory import store
 from memory.records import Attempt

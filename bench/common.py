@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from serving.server import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as `.venv/bin/python bench/NAME.py`, a benchmark's own folder leads the import path; the
+# checkout (for the example agent and the tests' random adapters) comes last, after the packages.
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
 
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"  # the model server's environment
 # The flywheel command of this checkout: a benchmark may run from a copy of the tree (a git

@@ -80,3 +80,26 @@ def test_a_run_is_read_from_its_summary_and_the_arms_compared_over_runs() -> Non
     assert welch.counts == "policy"  # the policy's own answers; one arm had no reviewer
     share = "reviewer: share of the run after the server's start with work for the policy's "
     assert found[share + "server (baseline, collection, evaluation)"].value == pytest.approx(1 / 9)
+
+
+def test_every_benchmark_runs_as_a_script_from_the_checkout() -> None:
+    """The contract: `.venv/bin/python bench/NAME.py` runs every benchmark (its own folder then
+    leads the import path, so no benchmark may shadow a package, and each must find the
+    checkout's examples and test helpers)."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shared = {"__init__", "common", "faults", "smollm2_server"}
+    scripts = sorted(p for p in (root / "bench").glob("*.py") if p.stem not in shared)
+
+    def run(script: Path) -> tuple[str, int, str]:
+        done = subprocess.run([sys.executable, str(script), "--help"], cwd=root,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return script.name, done.returncode, done.stderr.strip()[-300:]
+
+    with ThreadPoolExecutor(4) as pool:
+        failed = [r for r in pool.map(run, scripts) if r[1] != 0]
+    assert failed == []

@@ -7,7 +7,7 @@ Starts a real vLLM server (SmolLM2-135M on CPU by default) and the gateway in fr
     serves it" (validated, loaded, canaried, promoted through the gate), p50 and p99;
 (c) failed requests of a steady load through the alias during those consecutive swaps.
 
-    .venv/bin/python -m bench.serving [--model smollm2|tiny] [--swaps 10] [--passes 3] [--json PATH]
+    .venv/bin/python -m bench.gateway [--model smollm2|tiny] [--swaps 10] [--passes 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
     model_path = prepare_smollm2(models)
     if args.model == "tiny":
         model_path = prepare_tiny_llama(models, model_path)
-    with tempfile.TemporaryDirectory(prefix="bench-serving-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as scratch:
         results = run(args, model_path, Path(scratch))
     print_table(results)
     if args.json:

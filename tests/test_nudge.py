@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agents.nudge import HINT_TEMPERATURE, HINT_TOKENS
 from agents.policy import Endpoint
@@ -92,3 +93,55 @@ def test_nudges_are_stored_and_read_back(tmp_path: Path) -> None:
         (loaded,) = store.load_groups(session, "train")
     assert sorted(a.kind for a in loaded.attempts) == ["base"] * 4 + ["hint"] + ["nudge"] * 2
     assert build_rows([loaded], GRPO) == build_rows([group], GRPO)
+
+
+@pytest.mark.vllm
+def test_nudges_and_the_answer_leak_checks_on_a_real_server(
+    tiny_server: str, tiny_model_path: Path
+) -> None:
+    """The policy on vLLM, the reviewer scripted: a group that all failed is nudged with the
+    hint in the policy's real prompt and the bare prompt's real ids kept for distilling; a hint,
+    or a reflection's principle, that states the answer (checked by the verifier) leads to no
+    sampling with it."""
+    import anyio
+
+    from agents.collector import GroupSpec, Hooks, collect_groups
+    from agents.policy import PolicyClient
+    from agents.settings import RetrySettings
+
+    def collect(reviewer_says: str, settings: CollectSettings):
+        def reviewer(request: httpx.Request) -> httpx.Response:
+            return scripted(json.loads(request.content), reviewer_says, [3])
+
+        async def main():
+            policy = PolicyClient(tiny_server)
+            try:
+                return await collect_groups(
+                    Endpoint(policy, tiny_model_path.name), [TASK],
+                    GroupSpec(1, "train", settings), anyio.CapacityLimiter(4),
+                    Hooks(lambda g: None), reviewer=Endpoint(client_for(reviewer), "judge"),
+                )  # fmt: skip
+            finally:
+                await policy.aclose()
+
+        (group,) = anyio.run(main)
+        return group
+
+    nudge = CollectSettings(group_size=4, nudge=True, max_tokens=16, temperature=1.0)
+    group = collect(HINT, nudge)
+    firsts, nudged = group.first_attempts, [a for a in group.attempts if a.kind == "nudge"]
+    assert not any(a.correct for a in firsts) and len(nudged) == 2  # a random model fails
+    bare = firsts[0].sample.prompt_token_ids
+    for attempt in nudged:
+        assert attempt.error is None and attempt.bare_prompt_token_ids == bare
+        assert HINT in attempt.messages[0]["content"]
+        assert len(attempt.sample.prompt_token_ids) > len(bare)  # the hint, tokenized by vLLM
+    leaked = collect(f"The answer is {TASK.answer}.", nudge)
+    assert [a.error for a in leaked.attempts if a.kind == "hint"] == ["the hint states the answer"]
+    assert not [a for a in leaked.attempts if a.kind == "nudge"]
+    principle = json.dumps({"principle": f"It is {TASK.answer}, write that."})
+    retry = CollectSettings(group_size=2, retry=RetrySettings(enabled=True), max_tokens=16)
+    reflected = collect(principle, retry)
+    reasons = {a.reason for a in reflected.attempts if a.kind == "reflection"}
+    assert reasons == {"the reflection states the answer"}
+    assert not [a for a in reflected.attempts if a.kind == "retry"]

@@ -25,6 +25,10 @@ against those plain sampling had solved after as many seconds. Plain sampling ru
 token budget (`--plain-stretch` times it) so that its clock outlasts the methods'; its figures
 at the token budget are read from the same run.
 
+The `reviewer` method is the reviewer answering the tasks itself, plain sampling on its own
+server: the baseline a user would pick instead of any method that uses it. Its successes are the
+reviewer's, and its figures say so.
+
 Real SmolLM2 on the CPU vLLM server.
 
     .venv/bin/python -m bench.explore [--tasks 128] [--budget 256] [--reviewer qwen2.5-coder-0.5b]
@@ -79,7 +83,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "sge": {"strategy": SGE},
     "sge+r3l": {"strategy": SGE, "retry": R3L},
     "sge+r3l+insights": {"strategy": SGE, "retry": R3L, "insights": True},
+    "reviewer": {},  # the reviewer answering the tasks itself: what a user could pick instead
 }
+BY_REVIEWER = ("reviewer",)
 
 
 def main() -> None:
@@ -127,7 +133,10 @@ def main() -> None:
         results = stored_plain(parser, args) if args.plain_from else {}
         result = {"settings": {k: str(v) for k, v in vars(args).items()}, "methods": results}
         for method in methods:  # the JSON is rewritten after each method: a stop keeps them
-            results[method] = anyio.run(run_method, method, tasks, args, url, model.name, reviewer)
+            if method in BY_REVIEWER and reviewer is None:
+                parser.error(f"{method} needs --reviewer")
+            at = reviewer if method in BY_REVIEWER and reviewer else (url, model.name)
+            results[method] = anyio.run(run_method, method, tasks, args, *at, reviewer)
             if "plain" in results:
                 compare(results, results["plain"])
                 at_equal_time(results, results["plain"])
@@ -153,6 +162,11 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         own = m.get("policy_solved_at_cost_per_task", None if revised else everyone)
         if own is None:
             continue
+        if method in BY_REVIEWER:
+            found.append(Figure.share(f"{method}: solved by the reviewer answering itself",
+                                      sum(own), n, "reviewer"))  # fmt: skip
+            found += equal_time_figures(method, m.get("equal_time"), n, "reviewer")
+            continue
         found.append(Figure.share(f"{method}: solved at equal cost by the policy itself",
                                   sum(own), n, "policy"))  # fmt: skip
         if plain is not None and method != "plain":
@@ -164,21 +178,25 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     return found
 
 
-def equal_time_figures(method: str, timed: dict[str, Any] | None, n: int) -> list[Figure]:
-    """The measured comparison: the policy's own solved share in the method's run, plain
-    sampling's after as many seconds, and their paired difference."""
+def equal_time_figures(
+    method: str, timed: dict[str, Any] | None, n: int, whose: str = "policy"
+) -> list[Figure]:
+    """The measured comparison: the tasks the method's run solved (the policy's own, or for
+    the reviewer answering itself, the reviewer's), plain sampling's after as many seconds, and
+    their paired difference."""
     if timed is None:
         return []
     seconds = f"{timed['seconds']:.0f} s"
     diff, low, high = timed["minus_plain"]
     ran_out = ", plain's whole run (it ended first)" if timed["plain_ran_out"] else ""
+    by = "the policy itself" if whose == "policy" else f"the {whose}"
     return [
-        Figure.share(f"{method}: solved by the policy itself in its {seconds}",
-                     round(timed["policy_solved"] * n), n, "policy"),
+        Figure.share(f"{method}: solved by {by} in its {seconds}",
+                     round(timed["policy_solved"] * n), n, whose),
         Figure.share(f"plain: solved after the same {seconds}{ran_out}",
                      round(timed["plain_solved"] * n), n, "policy"),
-        Figure(f"{method} minus plain at equal wall time, solved by the policy",
-               diff, n, low, high, counts="policy"),
+        Figure(f"{method} minus plain at equal wall time, solved by {by} against the policy",
+               diff, n, low, high, counts=whose),
     ]  # fmt: skip
 
 
@@ -223,7 +241,10 @@ async def run_method(
     groups: dict[str, list[Group]] = {t.task_id: [] for t in tasks}
     finished: dict[str, list[float]] = {t.task_id: [] for t in tasks}  # seconds, per group
     spent = dict.fromkeys(groups, 0)
-    budget = args.budget * (args.plain_stretch if method == "plain" else 1.0)
+    cost = args.reviewer_cost or 1.0
+    # the reviewer answering itself spends reviewer tokens, each priced at `cost` policy tokens
+    own_price = cost if method in BY_REVIEWER else 1.0
+    budget = args.budget * (args.plain_stretch if method == "plain" else 1.0) / own_price
     started = time.monotonic()
 
     async def explore(task: Task) -> None:
@@ -245,10 +266,9 @@ async def run_method(
         await client.aclose()
         if reviewer is not None:
             await reviewer.client.aclose()
-    cost = args.reviewer_cost or 1.0
 
     def priced(attempt: Attempt, reviewer_price: float) -> float:
-        price = 1.0 if attempt.policy_version == model else reviewer_price
+        price = own_price if attempt.policy_version == model else reviewer_price
         return attempt.generated_tokens * price
 
     at_tokens = [solved_within(gs, args.budget, lambda a: priced(a, 0.0)) for gs in groups.values()]

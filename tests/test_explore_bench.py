@@ -82,3 +82,24 @@ def test_a_method_is_set_against_plain_sampling_at_equal_wall_time() -> None:
     longer = {"seconds": 150.0, "policy_solved_at_second_per_task": [1.0, None, None, None]}
     at_equal_time({"plain": plain, "slow": longer}, plain)
     assert longer["equal_time"]["plain_ran_out"] and longer["equal_time"]["plain_solved"] == 0.75
+
+
+def test_the_reviewer_answering_itself_counts_as_the_reviewers_work() -> None:
+    from bench.explore import at_equal_time, figures
+
+    def arm(seconds: list[float | None]) -> dict:
+        solved = [s is not None for s in seconds]
+        return {"seconds": 100.0, "policy_solved_at_second_per_task": seconds,
+                "solved_at_cost_per_task": solved, "policy_solved_at_cost_per_task": solved}  # fmt: skip
+
+    plain, reviewer = arm([10.0, None]), arm([5.0, 20.0])
+    result = {"methods": {"plain": plain, "reviewer": reviewer}}
+    at_equal_time(result["methods"], plain)
+    found = {f.name: f for f in figures(result)}
+    mine = found["reviewer: solved by the reviewer answering itself"]
+    assert mine.value == 1.0 and mine.counts == "reviewer"
+    timed = found[
+        "reviewer minus plain at equal wall time, solved by the reviewer against the policy"
+    ]
+    assert timed.value == 0.5 and timed.counts == "reviewer"
+    assert not [f for f in found if f.startswith("reviewer") and "policy itself" in f]

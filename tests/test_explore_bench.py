@@ -90,7 +90,8 @@ def test_the_reviewer_answering_itself_counts_as_the_reviewers_work() -> None:
     def arm(seconds: list[float | None]) -> dict:
         solved = [s is not None for s in seconds]
         return {"seconds": 100.0, "policy_solved_at_second_per_task": seconds,
-                "solved_at_cost_per_task": solved, "policy_solved_at_cost_per_task": solved}  # fmt: skip
+                "solved_at_cost_per_task": solved,
+                "policy_solved_at_cost_per_task": solved}  # fmt: skip
 
     plain, reviewer = arm([10.0, None]), arm([5.0, 20.0])
     result = {"methods": {"plain": plain, "reviewer": reviewer}}

@@ -58,6 +58,7 @@ from verifiers.catalog import train_tasks
 from verifiers.task import Task
 
 log = logging.getLogger(__name__)
+MAX_STARTS = 3  # a round killed while training this often is skipped, not resumed again
 
 
 class RoundContext(BaseModel):
@@ -171,6 +172,8 @@ async def train_stage(
     name = record.policy_out
     assert name is not None
     try:
+        if reason := given_up(record):
+            raise TrainerError(reason)
         trained = await _train(ctx, groups, name, (seconds, clock), beside)
     except TrainerError as exc:
         get_run_logger().warning("round %d skipped: %s", ctx.round_index, exc)
@@ -292,6 +295,11 @@ def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound
                 "round %d: resuming %s on its %d recorded groups",
                 ctx.round_index, stored.policy_out, len(stored.group_ids),
             )  # fmt: skip
+            starts = stored.metrics.starts + 1
+            stored = stored.model_copy(
+                update={"metrics": stored.metrics.model_copy(update={"starts": starts})}
+            )
+            store.save_training_round(session, stored)
             return stored, store.groups_by_id(session, stored.group_ids)
         trainable, stale, dropped = _fresh(session, ctx, [g for g in groups if g.complete])
         record = TrainingRound(
@@ -301,11 +309,22 @@ def _round_record(ctx: RoundContext, groups: list[Group]) -> tuple[TrainingRound
             policy_out=f"policy-r{ctx.round_index}-{uuid.uuid4().hex[:6]}",
             status="running",
             hyperparameters=ctx.settings.train.model_dump(mode="json"),
-            metrics=RoundMetrics(stale_groups=stale, dropped_groups=dropped),
+            metrics=RoundMetrics(stale_groups=stale, dropped_groups=dropped, starts=1),
             group_ids=[g.id for g in trainable if g.id is not None],
         )
         store.save_training_round(session, record)
     return record, trainable
+
+
+def given_up(record: TrainingRound) -> str | None:
+    """Why a resumed round is not trained again: training began on its groups `MAX_STARTS`
+    times and never finished (the trainer killed each time, most often for memory)."""
+    if record.metrics.starts <= MAX_STARTS:
+        return None
+    return (
+        f"training began {MAX_STARTS} times on these groups and never finished (killed while "
+        "training: out of memory?); lower [train] batch_size or max_length"
+    )
 
 
 def _fresh(

@@ -341,8 +341,9 @@ class Group(Record):
 class RoundMetrics(Record):
     """What a round measured, stored with it: its data (`stale_groups` sampled by an older
     version, `dropped_groups` too old to train), its training (the trainer's figures: rows,
-    tokens, loss, KL to the sampling policy, seconds), how it was judged (`scorecards`, the
-    held-out `eval_pass_at_1` when a task set judged it), or why it was skipped (`reason`).
+    tokens, loss, KL to the sampling policy, seconds; `starts`, how often training began on its
+    groups), how it was judged (`scorecards`, the held-out `eval_pass_at_1` when a task set
+    judged it), or why it was skipped (`reason`).
     Keys stored by an older version are ignored."""
 
     model_config = ConfigDict(frozen=True, from_attributes=True, extra="ignore")
@@ -357,6 +358,7 @@ class RoundMetrics(Record):
     train_seconds: float = 0.0
     seconds: float = 0.0
     resumed_from_step: int = 0
+    starts: int = 0  # times training began on the recorded groups (a killed round resumes)
     contexts: dict[str, int] = Field(default_factory=dict)
     kl_first: float | None = None
     kl_last: float | None = None

@@ -107,7 +107,7 @@ def test_bad_urls_fail_with_one_line(tmp_path) -> None:
 
 
 def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
-    from flows.rounds import RoundContext, _round_record
+    from flows.rounds import RoundContext, _round_record, given_up
     from flows.settings import RunSettings
 
     settings = RunSettings(db_url=f"sqlite:///{tmp_path / 'fw.db'}", workdir=tmp_path)
@@ -130,6 +130,15 @@ def test_a_round_cursor_is_committed_once_and_reused(tmp_path) -> None:
         store.save_group(session, make_group([1.0, 0.0], task_id="c"))
     again, regrouped = _round_record(ctx, [])
     assert again.policy_out == first.policy_out and regrouped == groups
+    # Each resume is counted and kept: a round killed while training (out of memory) is
+    # skipped after MAX_STARTS starts instead of being resumed and killed forever.
+    assert (first.metrics.starts, again.metrics.starts) == (1, 2)
+    with store.transaction(engine) as session:
+        assert store.training_round(session, 1).metrics.starts == 2
+    for _ in range(2):
+        again, _ = _round_record(ctx, [])
+    assert again.metrics.starts == 4 and "out of memory?" in (given_up(again) or "")
+    assert given_up(first) is None
 
 
 def test_lineage_walks_the_rounds_back_to_the_base(db_url: str) -> None:

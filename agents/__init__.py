@@ -7,7 +7,8 @@ Public surface:
 - `agents.attempt`: one attempt (`attempt_task`) and its `Conditioning`; `agents.context`: the
   prompts' messages.
 - The methods, a module each: `agents.slots` (guided slots), `agents.strategy` (SGE),
-  `agents.reflection` (R3L), `agents.insight` (RLTLDR), `agents.revision` (HeRL),
+  `agents.reflection` (R3L; `agents.pivot`, its retry inside a one-step answer),
+  `agents.insight` (RLTLDR), `agents.revision` (HeRL),
   `agents.nudge` (NudgeRL), `agents.annealing` (EAD), `agents.outcome` (outcome-based
   exploration), `agents.ruler` (RULER's ranking of captured episodes), `agents.pairwise`
   (the gate's blind comparison of two versions' replies), `agents.episode` (multi-turn

@@ -9,5 +9,9 @@ Public surface:
 - `memory.workqueue`: the collection queue, with leases and backoff.
 - `memory.library`, `memory.retrieval`, `memory.embedding`: the experience library.
 - `memory.trajectory`: a completion cut into token segments by loss type, and steps.
+- `memory.sessions`: captured conversations stitched into episodes, grouped by task.
+- `memory.actions`: what people did from the page (rate, hold out, forget, promote, roll back).
+- `memory.models` (the tables; the migrations in `migrations/`) and `memory.rows` (records to
+  rows and back), under the store.
 - `memory.folders`: folders published atomically. `memory.errors`: `StoreError`, `NotFound`.
 """

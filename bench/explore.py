@@ -195,7 +195,8 @@ def equal_time_figures(
                      round(timed["policy_solved"] * n), n, whose),
         Figure.share(f"plain: solved after the same {seconds}{ran_out}",
                      round(timed["plain_solved"] * n), n, "policy"),
-        Figure(f"{method} minus plain at equal wall time, solved by {by} against the policy",
+        Figure(f"{method} minus plain at equal wall time, solved by {by}"
+               + ("" if whose == "policy" else " against the policy"),
                diff, n, low, high, counts=whose),
     ]  # fmt: skip
 

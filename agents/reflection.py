@@ -230,20 +230,20 @@ async def reflect_and_retry(
         several = parent.sample and len(working_steps(parent.sample.text)) > 1
         return "lines" if settings.retry.pivot and several else None
 
-    async def retry(parent: Attempt, reflection: AnyReflection) -> Attempt:
+    async def retry(parent: Attempt, reflection: AnyReflection, kind: Steps) -> Attempt:
         principle, step = reflection.principle, reflection.retry_from_step
         if episodic:
             fresh = await astart(task)
             return await retry_episode(policy.client, fresh, parent, principle, step, sampling)
         messages = hint_messages(task, settings.system(task), principle)
-        step = step if steps(parent) else 0
+        step = step if kind else 0
         return await step_retry(policy, task, messages, parent, principle, step, sampling)
 
     async def one(parent: Attempt) -> None:
-        brief = settings.retry.reflection == "brief"
+        brief, kind = settings.retry.reflection == "brief", steps(parent)
         async with limiter:
             reflection_attempt, reflection = await reflect(
-                reviewer, task.question, parent, brief, steps(parent)
+                reviewer, task.question, parent, brief, kind
             )
         if not wants_retry(parent, reflection):
             extras.append(reflection_attempt)
@@ -254,7 +254,7 @@ async def reflect_and_retry(
             extras.append(reflection_attempt.model_copy(update=leaked))
             return
         async with limiter:
-            retried = await retry(parent, reflection)
+            retried = await retry(parent, reflection, kind)
         extras.extend(
             [reflection_attempt.model_copy(update={"improved": retried.improved}), retried]
         )

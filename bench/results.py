@@ -87,9 +87,9 @@ def render(results: list[Result], archive: list[Path]) -> str:
             parts.append(_table(result))
     if archive:
         parts.append(
-            f"## Archive\n\n{len(archive)} files from earlier code are in `results/archive/`, "
-            "kept for the findings in docs/experiments.md that cite them. They record no machine "
-            "and no figures, and are not shown here.\n"
+            f"## Archive\n\n{len(archive)} superseded or one-off results are in "
+            "`results/archive/`, kept for the findings in docs/experiments.md that cite them; "
+            "most come from earlier code and record no machine. They are not shown here.\n"
         )
     return "\n".join(parts)
 

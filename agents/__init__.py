@@ -12,7 +12,7 @@ Public surface:
   `agents.nudge` (NudgeRL), `agents.annealing` (EAD), `agents.outcome` (outcome-based
   exploration), `agents.ruler` (RULER's ranking of captured episodes), `agents.pairwise`
   (the gate's blind comparison of two versions' replies), `agents.episode` (multi-turn
-  episodes).
+  episodes; `agents.lessons`, SLEA-RL's library lessons at their steps).
 - `agents.watchdog`: deadlines and the stall watch; `agents.errors`: `AgentError`,
   `PolicyError` (an attempt's own failure), `ServerUnavailable` (never an answer).
 """

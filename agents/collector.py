@@ -184,11 +184,12 @@ async def _with_bare_ids(
     attempts: list[Attempt], policy: Endpoint, bare: Messages
 ) -> list[Attempt]:
     """Give guided attempts the bare prompt's ids, so training can distil them."""
-    if not any(a.guided for a in attempts):
+    if not any(a.distillable for a in attempts):
         return attempts
     ids = await bare_prompt_ids(attempts, policy, bare)
     if ids is None:
         return attempts
     return [
-        a.model_copy(update={"bare_prompt_token_ids": ids}) if a.guided else a for a in attempts
+        a.model_copy(update={"bare_prompt_token_ids": ids}) if a.distillable else a
+        for a in attempts
     ]

@@ -21,7 +21,9 @@
 5. The attempt: the transcript as messages, one `Sample` (the prompt's ids; then every turn and
    reply; its text numbers the turns and replies, for reviewers), the replies as forced spans,
    and the environment's verdict as reward.
-6. Reflect-then-retry (R3L): a retry replays the parent's turns before the reflection's
+6. With library lessons (a guided slot when the library is on), each step is shown the task's
+   lessons that fit what it observes (SLEA-RL's step-level retrieval, `agents.lessons`).
+7. Reflect-then-retry (R3L): a retry replays the parent's turns before the reflection's
    `retry_from_step` verbatim (the same token ids, the same actions into a replayed
    environment) and plays on with the principle in the system prompt. The replayed tokens are
    the pivot, and the parent's bare prompt makes the distill copy, as for one-step tasks.
@@ -32,11 +34,13 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from agents import lessons as steps
 from agents.errors import PolicyError
 from agents.policy import Endpoint, PolicyClient
-from memory.records import Attempt, Sample, SamplingSettings
+from memory.records import STEP_LESSONS, Attempt, Sample, SamplingSettings
 from verifiers import guard
 from verifiers.episode import Environment
 from verifiers.errors import TaskFault
@@ -78,20 +82,31 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
 
 
 async def run_episode(
-    policy: Endpoint, env: Environment, sampling: SamplingSettings, index: int
+    policy: Endpoint,
+    env: Environment,
+    sampling: SamplingSettings,
+    index: int,
+    lessons: Sequence[str] = (),
 ) -> Attempt:
-    base = {
+    """One episode from the environment's opening; with library `lessons`, the ones that fit
+    each step are shown there (`agents.lessons`)."""
+    base: dict[str, Any] = {
         "sample_index": index, "kind": "base", "policy_version": policy.model, "sampling": sampling
     }  # fmt: skip
     try:
         messages = await _opening(env)
     except TaskFault as fault:
         return Attempt.faulted(str(fault), **base, messages=[])
+    trace = _Trace(candidates=lessons)
+    if lessons:
+        base.update(kind="guided", context=STEP_LESSONS)
+        trace.shown = steps.at_opening(steps.observed(messages), lessons)
+        messages = steps.in_system(messages, trace.shown)
     try:
         prompt = await policy.client.tokenize(policy.model, messages)
     except PolicyError as exc:
         return Attempt.failed(str(exc), **base, messages=messages)
-    return await _play(policy, env, sampling, base, prompt, messages, _Trace())
+    return await _play(policy, env, sampling, base, prompt, messages, trace)
 
 
 async def retry_episode(
@@ -163,7 +178,8 @@ def _retry_record(
 
 
 class _Trace:
-    """The token sequence after the prompt: sampled turns and forced replies."""
+    """The token sequence after the prompt: sampled turns and forced replies, and the library
+    lessons the episode's steps were shown."""
 
     def __init__(
         self,
@@ -171,10 +187,13 @@ class _Trace:
         logprobs: list[float] | None = None,
         forced: list[tuple[int, int]] | None = None,
         texts: list[str] | None = None,
+        candidates: Sequence[str] = (),
     ) -> None:
         self.ids, self.logprobs = list(ids or []), list(logprobs or [])
         self.forced, self.texts = list(forced or []), list(texts or [])
         self.generated = 0
+        self.candidates = tuple(candidates)  # library lessons the steps choose from
+        self.shown: list[str] = []  # the ones shown so far, in order
 
 
 def _turn(sampling: SamplingSettings, trace: _Trace) -> SamplingSettings:
@@ -231,8 +250,9 @@ async def _played(
         if turn.finish_reason == "length":
             reason = "turn cut at the token limit"
             break
+        replies = _with_step_lessons(list(observation.messages), trace)
         try:
-            reply = await _reply_ids(policy, messages, list(observation.messages))
+            reply = await _reply_ids(policy, messages, replies)
         except PolicyError as exc:
             return Attempt.failed(str(exc), **base, messages=messages)
         if turn.completion_token_ids and reply and turn.completion_token_ids[-1] == reply[0]:
@@ -243,9 +263,18 @@ async def _played(
         trace.forced.append((len(trace.ids), len(trace.ids) + len(reply)))
         trace.ids += reply
         trace.logprobs += [0.0] * len(reply)
-        messages = [*messages, *observation.messages]
+        messages = [*messages, *replies]
     verdict = await guard.run(_label(env, "verdict"), env.verdict)
     return _attempt(verdict, base, messages, prompt, trace, reason)
+
+
+def _with_step_lessons(replies: list[dict[str, Any]], trace: _Trace) -> list[dict[str, Any]]:
+    """The environment's replies, followed by the lessons new to this step, if any."""
+    if not trace.candidates:
+        return replies
+    new = steps.at_step(steps.observed(replies), trace.candidates, trace.shown)
+    trace.shown += new
+    return [*replies, steps.step_message(new)] if new else replies
 
 
 def _attempt(
@@ -271,6 +300,8 @@ def _attempt(
         logprobs=trace.logprobs,
         finish_reason="stop",
     )
+    if trace.shown:
+        base = {**base, "guidance": "\n".join(trace.shown)}
     return Attempt(
         **base,
         messages=messages,

@@ -5,7 +5,8 @@
    RLTLDR's sequential attempts may show the batch's insights, and SGE's second wave sees the
    first wave's strategies with their outcomes.
 2. A slot is sampled plainly, or strategy first (SGE, `agents.strategy`); a multi-turn task is
-   played as an episode (`agents.episode`), bare.
+   played as an episode (`agents.episode`), its guided slots shown the task's library lessons
+   that fit each step (SLEA-RL, `agents.lessons`), the others bare.
 3. `wave` samples a range of slots concurrently, each under the server-slot limiter.
 """
 
@@ -78,13 +79,14 @@ async def first_attempt(
         max_tokens=settings.max_tokens,
         annealing=settings.annealing,
     )
-    if is_episodic(task.taskset):  # played turn by turn; no guidance yet
+    if is_episodic(task.taskset):  # played turn by turn, guided slots shown lessons per step
         try:
             env = await astart(task)
         except TaskFault as fault:
             base = {"sample_index": index, "policy_version": model, "messages": []}
             return Attempt.faulted(str(fault), **base, sampling=sampling)
-        return await run_episode(policy, env, sampling, index)
+        lessons = settings.lessons if index < settings.guided_slots() else ()
+        return await run_episode(policy, env, sampling, index, lessons)
     messages, held = conditioning(task, settings, index, insights, earlier)
     if not settings.strategy.enabled:
         return await attempt_task(policy, task, messages, sampling, index, held)

@@ -1,6 +1,7 @@
 """The experience library (EDGE's utility and co-evolving bank): lessons of every kind in one
-table. Lessons are retrieved per task (`memory.retrieval`); SLEA-RL's retrieval per step by
-observation cluster is not built (its step-level advantages are: `trainer.steps`).
+table. Lessons are retrieved per task (`memory.retrieval`), and an episode's steps are shown
+the task's lessons that fit what each observes (SLEA-RL, `agents.lessons`; its step-level
+advantages are `trainer.steps`).
 
 A lesson (`Lesson`) is a stored library item; an agent proposes one as a `LessonDraft`. The
 tables and columns keep their first names (`experience_entry`, `experience_evidence`,

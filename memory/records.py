@@ -160,6 +160,10 @@ class PolicyVersion(Record):
         return value or []
 
 
+STEP_LESSONS = "step_lessons"  # an episode's context when lessons were shown at its steps
+LIBRARY_CONTEXTS = ("experience", STEP_LESSONS)  # the contexts that show library lessons
+
+
 class Attempt(Record):
     """One rollout of one task: the messages, what was sampled, and the verifier's verdict.
 
@@ -168,14 +172,16 @@ class Attempt(Record):
 
     `context` names the guidance that was in the prompt ("bare" when none); a guided attempt
     keeps `bare_prompt_token_ids`, the prompt without guidance, so training can distil it into
-    the bare prompt. A retry points at the attempt it retries (`parent_index`) and at the pivot:
-    `pivot_tokens` completion tokens replayed verbatim from the parent, never trained on;
-    `forced_spans` are other (start, end) completion spans the policy did not sample. Kinds
-    "reflection" and "insight" hold the policy's own text about another attempt, which
-    `improved` marks when it led to a better retry. `shaped_reward` and its terms (`shaping`)
-    are kept apart from the verifier's `reward`. An episode of `turns` turns has one step per
-    turn: a turn's sampled reply and the environment's forced reply after it. `feedback` is the
-    verifier's private output (what passed and what failed), stored apart and never prompted.
+    the bare prompt, except an episode shown lessons at its steps (`STEP_LESSONS`): its guidance
+    sits inside the sequence, so it trains as sampled. A retry points at the attempt it retries
+    (`parent_index`) and at the pivot: `pivot_tokens` completion tokens replayed verbatim from
+    the parent, never trained on; `forced_spans` are other (start, end) completion spans the
+    policy did not sample. Kinds "reflection" and "insight" hold the policy's own text about
+    another attempt, which `improved` marks when it led to a better retry. `shaped_reward` and
+    its terms (`shaping`) are kept apart from the verifier's `reward`. An episode of `turns`
+    turns has one step per turn: a turn's sampled reply and the environment's forced reply after
+    it. `feedback` is the verifier's private output (what passed and what failed), stored apart
+    and never prompted.
     """
 
     sample_index: int
@@ -245,6 +251,11 @@ class Attempt(Record):
     @property
     def guided(self) -> bool:
         return self.context != "bare"
+
+    @property
+    def distillable(self) -> bool:
+        """Guided, with all its guidance in the prompt: the bare prompt can stand in for it."""
+        return self.guided and self.context != STEP_LESSONS
 
     @property
     def train_reward(self) -> float:

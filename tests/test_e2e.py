@@ -383,14 +383,20 @@ def test_library_lessons_guide_half_of_each_group_and_are_credited(
     assert actions == ["add", "credit", "credit"] and entry.exposures == 2
 
 
+@pytest.mark.parametrize("lessons", [False, True], ids=["reply", "reply-and-step-lessons"])
 def test_episode_replies_are_token_exact_on_the_real_chat_template(
-    tiny_server: str, tiny_model_path: Path
+    tiny_server: str, tiny_model_path: Path, lessons: bool
 ) -> None:
     """A sampled turn plus the reply's ids is exactly what the server's template makes of the
-    transcript: the next turn continues the very tokens the model saw."""
+    transcript: the next turn continues the very tokens the model saw, the step's library
+    lessons after the reply included."""
     from agents.episode import _reply_ids
+    from agents.lessons import step_message
 
     model = tiny_model_path.name
+    replies = [{"role": "user", "content": "higher"}]
+    if lessons:
+        replies.append(step_message(["When the reply says higher, guess above your last guess."]))
 
     async def check() -> tuple[list[int], list[int]]:
         client = PolicyClient(tiny_server)
@@ -400,12 +406,8 @@ def test_episode_replies_are_token_exact_on_the_real_chat_template(
             # A clean turn whose text tokenises to its own ids (a random model's need not).
             said = await client.tokenize_text(model, "<guess>50</guess>")
             transcript = [*opening, {"role": "assistant", "content": "<guess>50</guess>"}]
-            reply = await _reply_ids(
-                Endpoint(client, model), transcript, [{"role": "user", "content": "higher"}]
-            )
-            full = await client.tokenize(
-                model, [*transcript, {"role": "user", "content": "higher"}]
-            )
+            reply = await _reply_ids(Endpoint(client, model), transcript, replies)
+            full = await client.tokenize(model, [*transcript, *replies])
             return prompt + said + reply, full
         finally:
             await client.aclose()

@@ -205,3 +205,82 @@ def test_a_failed_episode_is_retried_from_the_reflections_step_replaying_the_tur
     assert "Guidance from an earlier try: Always answer" in retry.messages[0]["content"]
     # The retry's first call continued the guided prompt plus exactly the replayed ids.
     assert completions[-1]["prompt"] == retry.sample.prompt_token_ids + replayed
+
+
+HIGHER = "When the reply says higher, guess above your last guess."
+LOWER = "When the reply says lower, guess below your last guess."
+MIDDLE = "Open with the middle of the range, 50 for 1 to 100."
+REPEAT = "Never guess a number twice."
+
+
+def test_lessons_are_chosen_per_step_by_what_it_observes() -> None:
+    from agents.lessons import at_opening, at_step
+
+    candidates = [REPEAT, HIGHER, LOWER, MIDDLE]
+    opening = "I picked a whole number from 1 to 100. You have 7 guesses."
+    assert at_opening(opening, candidates) == [MIDDLE, REPEAT]  # most shared words first
+    assert at_step("higher (6 left)", candidates, [MIDDLE, REPEAT]) == [HIGHER]
+    assert at_step("lower (5 left)", candidates, [MIDDLE, REPEAT, HIGHER]) == [LOWER]
+    assert at_step("lower (4 left)", candidates, candidates) == []  # nothing new: nothing shown
+    assert at_step("xyzzy", candidates, []) == []  # a step shares no word with any lesson
+    long = ["x " * 500, HIGHER]
+    assert at_opening("x", long) == [HIGHER]  # the 1,000-character lesson does not fit
+
+
+def test_an_episode_is_shown_the_lessons_of_each_step_inside_its_forced_replies() -> None:
+    """SLEA-RL's step retrieval: the opening's lessons in the system prompt, a later step's
+    after the environment's reply, inside the reply's forced span, token-exact; the episode
+    trains under its own sequence (its guidance is inside it), never as a distill copy."""
+    from memory.records import STEP_LESSONS, Group
+    from trainer.dataset import IGNORE, build_rows
+    from trainer.settings import TrainSettings
+
+    game = GuessingGame(seed=11)
+    first = 1 if game.secret != 1 else 2  # below the secret: the reply says higher
+    turns = [f"<guess>{first}</guess>", f"<guess>{game.secret}</guess>"]
+    seen: list[dict] = []
+    client = client_for(scripted_agent(turns, seen))
+    lessons = (REPEAT, HIGHER, LOWER, MIDDLE)
+    attempt = anyio.run(run_episode, Endpoint(client, "m"), game, SAMPLING, 0, lessons)
+    assert attempt.correct and attempt.kind == "guided" and attempt.context == STEP_LESSONS
+    assert attempt.guidance == "\n".join([MIDDLE, REPEAT, HIGHER])  # every lesson shown
+    system, _, _, reply, lesson, *_ = attempt.messages
+    assert MIDDLE in system["content"] and HIGHER not in system["content"]
+    assert reply["content"].startswith("higher") and lesson["role"] == "user"
+    assert HIGHER in lesson["content"] and LOWER not in lesson["content"]
+    sample = attempt.sample
+    assert sample is not None
+    (span,) = attempt.forced_spans
+    assert seen[1]["prompt"] == sample.prompt_token_ids + sample.completion_token_ids[: span[1]]
+    forced = sample.completion_token_ids[span[0] : span[1]]
+    assert words(HIGHER)[0] in forced  # the step's lesson is in the forced span, never trained
+    bare, _ = play(GuessingGame(seed=11), ["no idea"])
+    group = Group(
+        round_index=1, purpose="train", task_id="guess:11", taskset="guess", question="q",
+        policy_version="m", size=2,
+        attempts=[attempt, bare.model_copy(update={"sample_index": 1})],
+    )  # fmt: skip
+    settings = TrainSettings(mode="grpo")
+    assert settings.distill_guided
+    row = next(r for r in build_rows([group], settings) if r.reward == 1.0)
+    assert row.context == f"guided:{STEP_LESSONS}" and row.importance  # as sampled
+    n_prompt = len(sample.prompt_token_ids)
+    assert row.input_ids[:n_prompt] == sample.prompt_token_ids
+    assert all(label == IGNORE for label in row.labels[n_prompt + span[0] : n_prompt + span[1]])
+
+
+def test_the_guided_slots_of_an_episode_group_are_shown_the_library_lessons() -> None:
+    from agents.settings import CollectSettings
+    from agents.slots import first_attempt
+    from memory.records import STEP_LESSONS
+    from verifiers.catalog import eval_tasks
+
+    task = eval_tasks("guess", 1)[0]
+    settings = CollectSettings(group_size=2, guided_fraction=0.5, lessons=(MIDDLE, HIGHER))
+    seen: list[dict] = []
+    policy = Endpoint(client_for(scripted_agent(["no idea", "no idea"], seen)), "m")
+    guided = anyio.run(first_attempt, policy, task, settings, 0)
+    bare = anyio.run(first_attempt, policy, task, settings, 1)
+    assert guided.context == STEP_LESSONS and MIDDLE in guided.messages[0]["content"]
+    assert bare.context == "bare" and bare.guidance is None
+    assert MIDDLE not in bare.messages[0]["content"]

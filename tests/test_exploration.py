@@ -558,6 +558,9 @@ def test_the_experience_gain_compares_lesson_slots_with_bare_ones() -> None:
     ]
     assert experience_gain(group.model_copy(update={"attempts": attempts})) == 0.5
     assert experience_gain(group) == 0.0  # nothing guided: no gain to credit
+    episodes = [a.model_copy(update={"context": "step_lessons"}) for a in attempts[:2]]
+    stepped = group.model_copy(update={"attempts": [*episodes, *attempts[2:]]})
+    assert experience_gain(stepped) == 0.5  # lessons shown at an episode's steps count too
 
 
 @pytest.mark.vllm

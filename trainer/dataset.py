@@ -246,7 +246,7 @@ def _row(
     revision = attempt.kind == "revision"  # its prompt is already the bare prompt
     off_policy = revision and settings.revision_weight == "shaped"
     if distill is None:
-        distill = settings.distill_guided and attempt.guided and not revision
+        distill = settings.distill_guided and attempt.distillable and not revision
     prompt = attempt.bare_prompt_token_ids if distill else sample.prompt_token_ids
     if prompt is None:
         return None

@@ -51,7 +51,7 @@ from agents.settings import CollectSettings
 from agents.watchdog import WatchdogSettings
 from memory import library, store, workqueue
 from memory.library import LibrarySettings
-from memory.records import Batch, Group, GroupPlan, Record, Setback, WorkItem
+from memory.records import LIBRARY_CONTEXTS, Batch, Group, GroupPlan, Record, Setback, WorkItem
 from verifiers.task import Task
 from workers.readiness import Readiness
 
@@ -427,7 +427,7 @@ def experience_gain(group: Group) -> float:
     """EDGE's gain: success rate of the slots shown library lessons minus that of bare slots
     (0 when either side is empty)."""
     firsts = [a for a in group.first_attempts if a.error is None]
-    guided = [a.correct for a in firsts if a.context == "experience"]
+    guided = [a.correct for a in firsts if a.context in LIBRARY_CONTEXTS]
     bare = [a.correct for a in firsts if not a.guided]
     if not guided or not bare:
         return 0.0

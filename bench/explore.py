@@ -169,6 +169,12 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             continue
         found.append(Figure.share(f"{method}: solved at equal cost by the policy itself",
                                   sum(own), n, "policy"))  # fmt: skip
+        if retries := m.get("retries"):
+            kept = m["retries_from_a_pivot"]
+            found.append(Figure.share(f"{method}: retries that kept the parent's first steps",
+                                      kept, retries, "policy"))  # fmt: skip
+            found.append(Figure.share(f"{method}: retries the verifier passed",
+                                      m["retries_verified"], retries, "policy"))  # fmt: skip
         if plain is not None and method != "plain":
             base = plain.get("policy_solved_at_cost_per_task", plain["solved_at_cost_per_task"])
             diff, low, high = paired_difference(own, base)
@@ -283,6 +289,7 @@ async def run_method(
     revisions = [a for a in attempts if a.kind == "revision"]
     hints = [a for a in attempts if a.kind == "hint"]
     nudged = [a for a in attempts if a.kind == "nudge"]
+    retries = [a for a in attempts if a.kind == "retry"]
     print(f"[{method}] done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return {
         "solved_per_task": at_tokens,
@@ -305,6 +312,9 @@ async def run_method(
         "reflections_valid": sum(a.format_ok for a in reflections),
         "revisions": len(revisions),
         "revisions_verified": sum(a.correct for a in revisions),
+        "retries": len(retries),
+        "retries_from_a_pivot": sum(a.pivot_tokens > 0 for a in retries),
+        "retries_verified": sum(a.correct for a in retries),
         "hints": len(hints),
         "hints_refused": sum(a.error is not None for a in hints),
         "nudged": len(nudged),

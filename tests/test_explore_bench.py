@@ -104,3 +104,15 @@ def test_the_reviewer_answering_itself_counts_as_the_reviewers_work() -> None:
     ]
     assert timed.value == 0.5 and timed.counts == "reviewer"
     assert not [f for f in found if f.startswith("reviewer") and "policy itself" in f]
+
+
+def test_retries_are_counted_with_those_that_kept_a_pivot() -> None:
+    from bench.explore import figures
+
+    solved = [True, False]
+    r3l = {"solved_at_cost_per_task": solved, "policy_solved_at_cost_per_task": solved,
+           "retries": 4, "retries_from_a_pivot": 3, "retries_verified": 1}  # fmt: skip
+    found = {f.name: f for f in figures({"methods": {"r3l": r3l}})}
+    kept = found["r3l: retries that kept the parent's first steps"]
+    assert (kept.value, kept.n, kept.counts) == (0.75, 4, "policy")
+    assert found["r3l: retries the verifier passed"].value == 0.25

@@ -15,12 +15,15 @@ import math
 import os
 import platform
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from reports.intervals import mean_interval, wilson
@@ -33,6 +36,22 @@ ROOT = Path(__file__).resolve().parent.parent
 # checkout (for the example agent and the tests' random adapters) comes last, after the packages.
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt("terminated")
+
+
+def _run_as_benchmark() -> bool:
+    main = sys.modules.get("__main__")
+    path = Path(getattr(main, "__file__", None) or "/").resolve()
+    return path.parent == ROOT / "bench" and threading.current_thread() is threading.main_thread()
+
+
+# A benchmark stopped with `kill` unwinds as Ctrl-C does: the model servers it started, in
+# sessions of their own, stop on the way out instead of outliving it.
+if _run_as_benchmark() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _terminate)
 
 SERVER_PYTHON = ROOT / ".venv-serving" / "bin" / "python"  # the model server's environment
 # The flywheel command of this checkout: a benchmark may run from a copy of the tree (a git

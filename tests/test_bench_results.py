@@ -103,3 +103,28 @@ def test_every_benchmark_runs_as_a_script_from_the_checkout() -> None:
     with ThreadPoolExecutor(4) as pool:
         failed = [r for r in pool.map(run, scripts) if r[1] != 0]
     assert failed == []
+
+
+def test_a_benchmark_stopped_with_sigterm_unwinds_as_ctrl_c_does() -> None:
+    """So the model servers it started (in sessions of their own) stop with it: the `finally`
+    blocks that stop them run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys, time\n"
+        f"sys.modules['__main__'].__file__ = {str(ROOT / 'bench' / 'any.py')!r}\n"
+        "import bench.common\n"
+        "print('started', flush=True)\n"
+        "try:\n    time.sleep(60)\nfinally:\n    print('servers stopped', flush=True)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None and process.stdout.readline() == "started\n"
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert out == "servers stopped\n", err
+    assert process.returncode != 0 and time.monotonic() - started < 30

@@ -106,6 +106,10 @@ def figures_of(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
         "gained": gained,
         "lost": lost,
         "eval_tasks": n,
+        # the groups the rounds trained on, those an earlier version sampled, those left out
+        "groups": sum(r.get("groups", 0) for r in rounds),
+        "stale_groups": sum(r.get("stale_groups", 0) for r in rounds),
+        "dropped_groups": sum(r.get("dropped_groups", 0) for r in rounds),
     }
 
 
@@ -142,6 +146,7 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
                 f"{arm}: share of the run after the server's start with work for the policy's "
                 "server (baseline, collection, evaluation)", [s or 0.0 for s in shares],
             ))  # fmt: skip
+        found += _staleness(arm, done)
         found.append(Figure.mean(f"{arm}: final held-out pass@1",
                                  [r["final_pass_at_1"] for r in done], counts=counts))  # fmt: skip
         found.append(Figure.mean(f"{arm}: final minus base, paired per run",
@@ -156,6 +161,19 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
         n = len(done) + len(baseline)
         found.append(Figure(name, diff, n, low, high, counts=_counts(first, arm)))
     return found
+
+
+def _staleness(arm: str, done: list[dict[str, Any]]) -> list[Figure]:
+    """Over an arm's runs, the share of trained groups an earlier version sampled, and of the
+    groups offered to a round, those left out as too old (overlapped rounds only have any)."""
+    trained = sum(r.get("groups", 0) for r in done)
+    stale, dropped = (sum(r.get(k, 0) for r in done) for k in ("stale_groups", "dropped_groups"))
+    if not trained or not (stale or dropped or "--overlap" in ARMS[arm]):
+        return []
+    return [
+        Figure.share(f"{arm}: trained groups an earlier version sampled", stale, trained),
+        Figure.share(f"{arm}: groups left out as too old", dropped, trained + dropped),
+    ]
 
 
 def _counts(*arms: str) -> str:

@@ -167,8 +167,14 @@ async def train_stage(
 ) -> RoundSummary:
     """Train on the round's groups (with `beside` running meanwhile: the next round's
     collection), then serve, evaluate and promote the new version."""
-    summary = _collected(ctx, groups)
     record, groups = _round_record(ctx, groups)
+    summary = _collected(ctx, groups).model_copy(
+        update={
+            "groups": len(groups),
+            "stale_groups": record.metrics.stale_groups,
+            "dropped_groups": record.metrics.dropped_groups,
+        }
+    )
     name = record.policy_out
     assert name is not None
     try:

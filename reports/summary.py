@@ -20,6 +20,9 @@ class RoundSummary(BaseModel):
     bare_rollouts: int = 0
     bare_successes: int = 0
     train_tokens: int
+    groups: int = 0  # the groups trained on
+    stale_groups: int = 0  # of them, sampled by an earlier version (overlapped rounds)
+    dropped_groups: int = 0  # left out: sampled more than `max_staleness` versions before
     eval_pass_at_1: float | None
     eval_format_rate: float | None
     eval_gained: int | None = None

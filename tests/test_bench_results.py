@@ -128,3 +128,25 @@ def test_a_benchmark_stopped_with_sigterm_unwinds_as_ctrl_c_does() -> None:
     out, err = process.communicate(timeout=30)
     assert out == "servers stopped\n", err
     assert process.returncode != 0 and time.monotonic() - started < 30
+
+
+def test_an_overlapped_arm_reports_how_stale_its_trained_groups_were() -> None:
+    from bench.run import figures, figures_of
+
+    def summary(stale: int, dropped: int) -> dict:
+        rounds = [{"promoted": True, "eval_gained": 1, "eval_lost": 0, "eval_pass_at_1": 0.3,
+                   "policy_version": "policy-r1", "groups": 10, "stale_groups": stale,
+                   "dropped_groups": dropped, "wall_seconds": {}}]  # fmt: skip
+        return {"rounds": rounds, "eval_tasks": 64, "baseline_pass_at_1": 0.25,
+                "base_model": "SmolLM2", "wall_seconds": {"total": 600.0}}  # fmt: skip
+
+    runs = {
+        "reviewer": [figures_of(summary(0, 0), 600.0)],
+        "overlap": [figures_of(summary(4, 0), 600.0), figures_of(summary(6, 5), 600.0)],
+    }
+    found = {f.name: f for f in figures(runs)}
+    stale = found["overlap: trained groups an earlier version sampled"]
+    assert (stale.value, stale.n) == (0.5, 20)
+    dropped = found["overlap: groups left out as too old"]
+    assert (dropped.value, dropped.n) == (pytest.approx(5 / 25), 25)
+    assert not [name for name in found if name.startswith("reviewer") and "version" in name]

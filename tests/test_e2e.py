@@ -152,6 +152,11 @@ def test_overlapped_rounds_collect_the_next_round_while_one_trains(
     if record.status == "done":
         stale = 3 if first["promoted"] else 0  # sampled by the version before the promotion
         assert record.metrics.stale_groups == stale and record.metrics.dropped_groups == 0
+        assert (second["groups"], second["stale_groups"], second["dropped_groups"]) == (
+            len(record.group_ids),
+            stale,
+            0,
+        )  # the summary says it too
 
 
 def tiny_server_model(url: str) -> str:

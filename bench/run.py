@@ -106,6 +106,7 @@ def figures_of(summary: dict[str, Any], seconds: float) -> dict[str, Any]:
         "gained": gained,
         "lost": lost,
         "eval_tasks": n,
+        "rollouts": sum(r.get("rollouts", 0) for r in rounds),
         # the groups the rounds trained on, those an earlier version sampled, those left out
         "groups": sum(r.get("groups", 0) for r in rounds),
         "stale_groups": sum(r.get("stale_groups", 0) for r in rounds),
@@ -146,6 +147,10 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> list[Figure]:
                 f"{arm}: share of the run after the server's start with work for the policy's "
                 "server (baseline, collection, evaluation)", [s or 0.0 for s in shares],
             ))  # fmt: skip
+        if all(r.get("rollouts") for r in done):
+            per_minute = [60 * r["rollouts"] / r["command_seconds"] for r in done]
+            name = f"{arm}: rollouts collected per minute of the command"
+            found.append(Figure.mean(name, per_minute))
         found += _staleness(arm, done)
         found.append(Figure.mean(f"{arm}: final held-out pass@1",
                                  [r["final_pass_at_1"] for r in done], counts=counts))  # fmt: skip

@@ -135,6 +135,7 @@ def test_an_overlapped_arm_reports_how_stale_its_trained_groups_were() -> None:
 
     def summary(stale: int, dropped: int) -> dict:
         rounds = [{"promoted": True, "eval_gained": 1, "eval_lost": 0, "eval_pass_at_1": 0.3,
+                   "rollouts": 32,
                    "policy_version": "policy-r1", "groups": 10, "stale_groups": stale,
                    "dropped_groups": dropped, "wall_seconds": {}}]  # fmt: skip
         return {"rounds": rounds, "eval_tasks": 64, "baseline_pass_at_1": 0.25,
@@ -150,3 +151,5 @@ def test_an_overlapped_arm_reports_how_stale_its_trained_groups_were() -> None:
     dropped = found["overlap: groups left out as too old"]
     assert (dropped.value, dropped.n) == (pytest.approx(5 / 25), 25)
     assert not [name for name in found if name.startswith("reviewer") and "version" in name]
+    per_minute = found["overlap: rollouts collected per minute of the command"]
+    assert (per_minute.value, per_minute.n) == (pytest.approx(3.2), 2)  # 32 in 600 s each

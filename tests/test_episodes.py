@@ -12,7 +12,7 @@ import httpx
 
 from agents.episode import parse_tool_calls, run_episode
 from agents.policy import Endpoint
-from memory.records import SamplingSettings
+from memory.records import Attempt, Group, SamplingSettings
 from tests.helpers import client_for
 from verifiers.guessing import GuessingGame
 from verifiers.ledger import INTRUDER, Ledger
@@ -64,6 +64,16 @@ def play(env, turns: list[str]):
     client = client_for(scripted_agent(turns, seen))
     attempt = anyio.run(run_episode, Endpoint(client, "m"), env, SAMPLING, 0)
     return attempt, seen
+
+
+def with_a_failure(attempt: Attempt) -> Group:
+    """A group of `attempt` and a bare episode that failed at its first turn."""
+    failed, _ = play(GuessingGame(seed=11), ["no idea"])
+    return Group(
+        round_index=1, purpose="train", task_id="guess:11", taskset="guess", question="q",
+        policy_version="m", size=2,
+        attempts=[attempt, failed.model_copy(update={"sample_index": 1})],
+    )  # fmt: skip
 
 
 def test_an_episode_is_one_token_exact_sequence_with_replies_forced() -> None:
@@ -125,19 +135,13 @@ def test_a_ledger_episode_is_scored_by_state_and_injections_do_not_pay() -> None
 
 
 def test_an_episode_trains_its_turns_and_never_the_replies() -> None:
-    from memory.records import Group
     from trainer.dataset import IGNORE, build_rows
     from trainer.settings import TrainSettings
 
     game = GuessingGame(seed=11)
     first = 1 if game.secret != 1 else 2
     attempt, _ = play(game, [f"<guess>{first}</guess>", f"<guess>{game.secret}</guess>"])
-    failed, _ = play(GuessingGame(seed=11), ["no idea"])
-    group = Group(
-        round_index=1, purpose="train", task_id="guess:11", taskset="guess", question="q",
-        policy_version="m", size=2,
-        attempts=[attempt, failed.model_copy(update={"sample_index": 1})],
-    )  # fmt: skip
+    group = with_a_failure(attempt)
     row = next(r for r in build_rows([group], TrainSettings(mode="grpo")) if r.reward == 1.0)
     assert attempt.sample is not None
     n_prompt = len(attempt.sample.prompt_token_ids)
@@ -231,7 +235,7 @@ def test_an_episode_is_shown_the_lessons_of_each_step_inside_its_forced_replies(
     """SLEA-RL's step retrieval: the opening's lessons in the system prompt, a later step's
     after the environment's reply, inside the reply's forced span, token-exact; the episode
     trains under its own sequence (its guidance is inside it), never as a distill copy."""
-    from memory.records import STEP_LESSONS, Group
+    from memory.records import STEP_LESSONS
     from trainer.dataset import IGNORE, build_rows
     from trainer.settings import TrainSettings
 
@@ -254,12 +258,7 @@ def test_an_episode_is_shown_the_lessons_of_each_step_inside_its_forced_replies(
     assert seen[1]["prompt"] == sample.prompt_token_ids + sample.completion_token_ids[: span[1]]
     forced = sample.completion_token_ids[span[0] : span[1]]
     assert words(HIGHER)[0] in forced  # the step's lesson is in the forced span, never trained
-    bare, _ = play(GuessingGame(seed=11), ["no idea"])
-    group = Group(
-        round_index=1, purpose="train", task_id="guess:11", taskset="guess", question="q",
-        policy_version="m", size=2,
-        attempts=[attempt, bare.model_copy(update={"sample_index": 1})],
-    )  # fmt: skip
+    group = with_a_failure(attempt)
     settings = TrainSettings(mode="grpo")
     assert settings.distill_guided
     row = next(r for r in build_rows([group], settings) if r.reward == 1.0)

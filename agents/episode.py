@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from agents import lessons as steps
+from agents import lessons as library_lessons
 from agents.errors import PolicyError
 from agents.policy import Endpoint, PolicyClient
 from memory.records import STEP_LESSONS, Attempt, Sample, SamplingSettings
@@ -100,8 +100,8 @@ async def run_episode(
     trace = _Trace(candidates=lessons)
     if lessons:
         base.update(kind="guided", context=STEP_LESSONS)
-        trace.shown = steps.at_opening(steps.observed(messages), lessons)
-        messages = steps.in_system(messages, trace.shown)
+        trace.shown = library_lessons.at_opening(library_lessons.observed(messages), lessons)
+        messages = library_lessons.in_system(messages, trace.shown)
     try:
         prompt = await policy.client.tokenize(policy.model, messages)
     except PolicyError as exc:
@@ -250,7 +250,7 @@ async def _played(
         if turn.finish_reason == "length":
             reason = "turn cut at the token limit"
             break
-        replies = _with_step_lessons(list(observation.messages), trace)
+        replies, shown = _with_step_lessons(list(observation.messages), trace)
         try:
             reply = await _reply_ids(policy, messages, replies)
         except PolicyError as exc:
@@ -263,18 +263,22 @@ async def _played(
         trace.forced.append((len(trace.ids), len(trace.ids) + len(reply)))
         trace.ids += reply
         trace.logprobs += [0.0] * len(reply)
+        trace.shown += shown
         messages = [*messages, *replies]
     verdict = await guard.run(_label(env, "verdict"), env.verdict)
     return _attempt(verdict, base, messages, prompt, trace, reason)
 
 
-def _with_step_lessons(replies: list[dict[str, Any]], trace: _Trace) -> list[dict[str, Any]]:
-    """The environment's replies, followed by the lessons new to this step, if any."""
+def _with_step_lessons(
+    replies: list[dict[str, Any]], trace: _Trace
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The environment's replies, followed by the lessons new to this step if any; and those
+    lessons (shown once the reply is in the sequence)."""
     if not trace.candidates:
-        return replies
-    new = steps.at_step(steps.observed(replies), trace.candidates, trace.shown)
-    trace.shown += new
-    return [*replies, steps.step_message(new)] if new else replies
+        return replies, []
+    observed = library_lessons.observed(replies)
+    new = library_lessons.at_step(observed, trace.candidates, trace.shown)
+    return ([*replies, library_lessons.step_message(new)] if new else replies), new
 
 
 def _attempt(

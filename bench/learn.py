@@ -43,10 +43,12 @@ as adapters).
 `--minutes M` runs the arms at equal wall time: each runs rounds (up to `--rounds`) while the
 time left covers its last round, and the arms are compared by the version each serves at the
 end, paired on the same held-out tasks (each arm against the first, with a 95% interval).
+`--runs N` runs every arm N times, the arms alternating so that a slow spell of the machine
+falls on all, and compares each arm's final pass@1 with the first arm's, Welch over runs.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
-    .venv/bin/python -m bench.learn [--arms grpo,r3l] [--rounds 3] [--minutes M]
+    .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
         [--reviewer NAME] [--keep DIR] [--json P] [--png P]
 """
 
@@ -68,7 +70,7 @@ from typing import Any
 from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results
 from bench.smollm2_server import MODELS, smollm2_server
 from memory import store
-from reports.intervals import error_bars, paired_difference
+from reports.intervals import error_bars, paired_difference, welch_difference
 from reports.table import text_table
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
 
@@ -137,6 +139,7 @@ REVIEWED = tuple(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default="grpo,r3l")
+    parser.add_argument("--runs", type=int, default=1, help="of each arm, the arms alternating")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=None, help="each arm's time budget")
     parser.add_argument("--tasks", type=int, default=64)
@@ -167,16 +170,22 @@ def main() -> None:
     made = provenance()
     if args.server_url:
         with smollm2_server(args.server_url, args.port, "vllm-learn.log") as (url, model):
-            curves = {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}
+            runs = [{arm: run_arm(arm, args, model, url, reviewer) for arm in arms}
+                    for _ in range(args.runs)]  # fmt: skip
     else:
         model = prepare_smollm2(MODELS)
-        curves = {arm: run_arm(arm, args, model, None, reviewer) for arm in arms}
+        runs = [{arm: run_arm(arm, args, model, None, reviewer) for arm in arms}
+                for _ in range(args.runs)]  # fmt: skip
+    settings = {k: str(v) for k, v in vars(args).items()}
+    for curves in runs:
+        print_table({"settings": settings, "arms": curves, "paired": paired(curves)})
     result = {
-        "settings": {k: str(v) for k, v in vars(args).items()},
-        "arms": curves,
-        "paired": paired(curves),
+        "settings": settings,
+        "arms": runs[0],  # the first run's, as files with one run hold them
+        "paired": paired(runs[0]),
+        "runs": [{"arms": curves, "paired": paired(curves)} for curves in runs],
     }
-    print_table(result)
+    print_over_runs(result)
     if args.json:
         write_results(args.json, result, made, figures(result))
     if args.png:
@@ -185,7 +194,10 @@ def main() -> None:
 
 def figures(result: dict[str, Any]) -> list[Figure]:
     """Each arm's final held-out pass@1 (the policy's own, greedy, no guidance; Wilson over the
-    tasks), and each arm's paired difference from the first arm on the same tasks."""
+    tasks), and each arm's paired difference from the first arm on the same tasks; over several
+    runs, each arm's mean and its difference from the first arm's, with Welch's interval."""
+    if len(result.get("runs", [])) > 1:
+        return over_runs(result)
     found = []
     for arm, curve in result["arms"].items():
         solved = list(curve["solved"].values())
@@ -198,6 +210,36 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                             pair["difference"], pair["tasks"], pair["low"], pair["high"],
                             counts="policy"))  # fmt: skip
     return found
+
+
+def finals(result: dict[str, Any]) -> dict[str, list[float]]:
+    """Each arm's final held-out pass@1 in each run."""
+    arms: dict[str, list[float]] = {}
+    for run in result.get("runs") or [{"arms": result["arms"]}]:
+        for arm, curve in run["arms"].items():
+            solved = list(curve["solved"].values())
+            arms.setdefault(arm, []).append(statistics.fmean(solved) if solved else 0.0)
+    return arms
+
+
+def over_runs(result: dict[str, Any]) -> list[Figure]:
+    """Per arm, the mean final pass@1 over runs; each arm against the first, Welch over runs."""
+    arms = finals(result)
+    found = [Figure.mean(f"{arm}: final held-out pass@1, mean over runs", values, counts="policy")
+             for arm, values in arms.items()]  # fmt: skip
+    (first, base), *others = arms.items()
+    for arm, values in others:
+        diff, low, high = welch_difference(values, base)
+        found.append(Figure(f"{arm} minus {first}, final pass@1 (Welch over runs)", diff,
+                            len(values) + len(base), low, high, counts="policy"))  # fmt: skip
+    return found
+
+
+def print_over_runs(result: dict[str, Any]) -> None:
+    if len(result["runs"]) < 2:
+        return
+    for figure in over_runs(result):
+        print(f"{figure.name}: {figure.value:+.3f} ({figure.low:+.3f} to {figure.high:+.3f})")
 
 
 @contextmanager

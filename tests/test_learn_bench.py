@@ -40,3 +40,22 @@ def test_every_arm_is_a_valid_run_config(tmp_path) -> None:
         if arm.startswith("default"):
             assert settings.collect.revise.blind and settings.train.revision_weight == "distill"
     assert ARMS["default+insights"]["train.mode"] == "rltldr"
+
+
+def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
+    from bench.learn import figures
+
+    def curve(solved: int) -> dict:
+        return {"solved": {f"t{i}": i < solved for i in range(4)}, "pass_at_1": [0.0]}
+
+    runs = [{"arms": {"default": curve(1), "default+r3l": curve(2)}},
+            {"arms": {"default": curve(2), "default+r3l": curve(4)}}]  # fmt: skip
+    result = {"arms": runs[0]["arms"], "runs": runs}
+    found = {f.name: f for f in figures(result)}
+    mean = found["default+r3l: final held-out pass@1, mean over runs"]
+    assert (mean.value, mean.n, mean.counts) == (0.75, 2, "policy")
+    welch = found["default+r3l minus default, final pass@1 (Welch over runs)"]
+    assert welch.value == pytest.approx(0.375) and welch.n == 4
+    assert welch.low is not None and welch.low < 0.375 < (welch.high or 0)
+    single = {f.name for f in figures({"arms": runs[0]["arms"], "paired": {}, "runs": runs[:1]})}
+    assert "default: final held-out pass@1" in single  # one run: the per-task figures

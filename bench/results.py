@@ -24,6 +24,8 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 PAGE = BENCH / "README.md"
 SCRIPT = re.compile(r"^(\S*python3?) bench/(\w+)\.py")
+# The run benchmark's seconds per stage, shown as one table: a row per arm, a column per stage.
+STAGE = re.compile(r"^(?P<arm>.+): (?P<stage>\w+) stage, all rounds$")
 # Sections in reading order: serving, then data, then learning; others follow by name.
 ORDER = ("sampling", "serving", "startup", "dtype", "chaos", "sandbox", "store", "pipeline",
          "train", "train_stage", "capture", "agent", "tasksets", "reviewer", "explore", "learn",
@@ -120,12 +122,46 @@ def _table(result: Result) -> str:
         "| figure | value | n | 95% interval | counts |",
         "|---|---:|---:|---|---|",
     ]
+    staged = [f for f in result.figures if result.script == "run" and STAGE.match(f["name"])]
     for figure in result.figures:
+        if figure in staged:
+            continue
         lines.append(
             f"| {figure['name']} | {_value(figure['value'], figure['unit'])} | {figure['n']} "
             f"| {_interval(figure)} | {figure['counts'] or '-'} |"
         )
+    if staged:
+        lines += ["", *_stage_table(staged)]
     return "\n".join(lines) + "\n"
+
+
+def _stage_table(figures: list[dict[str, Any]]) -> list[str]:
+    """The figures "ARM: STAGE stage, all rounds" as one row per arm, a column per stage."""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    stages: list[str] = []
+    for figure in figures:
+        found = STAGE.match(figure["name"])
+        assert found is not None
+        rows.setdefault(found["arm"], {})[found["stage"]] = figure
+        stages += [found["stage"]] if found["stage"] not in stages else []
+    lines = [
+        "Seconds per stage over all rounds of a run (the mean over its n runs, 95% interval):",
+        "",
+        "| arm | n | " + " | ".join(stages) + " |",
+        "|---|---:|" + "---:|" * len(stages),
+    ]
+    for arm, row in rows.items():
+        n = next(iter(row.values()))["n"]
+        cells = [_stage_cell(row.get(stage)) for stage in stages]
+        lines.append(f"| {arm} | {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _stage_cell(figure: dict[str, Any] | None) -> str:
+    if figure is None:
+        return "-"
+    interval = _interval(figure)
+    return _value(figure["value"], "") + ("" if interval == "-" else f" ({interval})")
 
 
 def _value(value: float, unit: str, like: float | None = None) -> str:

@@ -55,6 +55,23 @@ def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> 
     assert "    .venv/bin/python -m bench.train --passes 3" in page
 
 
+def test_a_runs_stage_seconds_are_one_row_per_arm(tmp_path: Path) -> None:
+    figures = [Figure.mean(f"{arm}: {stage} stage, all rounds", values, "s").__dict__
+               for arm, stage, values in (("reviewer", "collect", [170.0, 180.0]),
+                                          ("reviewer", "train", [200.0, 220.0]),
+                                          ("alone", "collect", [80.0, 80.0]))]  # fmt: skip
+    figures.append(Figure.mean("reviewer: wall time of the command", [500.0, 520.0], "s").__dict__)
+    made = {"command": ".venv/bin/python -m bench.run --runs 2", "commit": "abc1234",
+            "date": "2026-12-03T10:00:00Z", "dirty": False,
+            "machine": {"cpu": "AMD EPYC", "cores": 2, "dtype": "float32"}}  # fmt: skip
+    page = render([Result(tmp_path / "run.json", made, figures)], [])
+    assert "| arm | n | collect | train |" in page
+    assert "| reviewer | 2 | 175.0 (111.5 to 238.5) | 210.0 (82.9 to 337.1) |" in page
+    assert "| alone | 2 | 80.00 (80.00 to 80.00) | - |" in page  # no train stage: "-"
+    assert "| reviewer: wall time of the command | 510.0 s |" in page
+    assert "stage, all rounds" not in page
+
+
 def test_a_run_is_read_from_its_summary_and_the_arms_compared_over_runs() -> None:
     from bench.run import figures, figures_of
 

@@ -40,13 +40,18 @@ def test_a_file_without_provenance_is_refused_by_name(tmp_path: Path) -> None:
         load(tmp_path)
 
 
+def made_by(command: str) -> dict:
+    """A results file's provenance, as `bench.common.provenance` writes it."""
+    machine = {"cpu": "AMD EPYC", "cores": 2, "dtype": "float32"}
+    return {"command": command, "commit": "abc1234", "date": "2026-12-03T10:00:00Z",
+            "dirty": False, "machine": machine}  # fmt: skip
+
+
 def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> None:
     figures = [Figure.share("held-out pass@1", 16, 64, "policy").__dict__,
                Figure.mean("tokens", [10.0, 12.0, 14.0], "tokens/s").__dict__,
                Figure.single("wall time", 389.6, "s").__dict__]  # fmt: skip
-    made = {"command": ".venv/bin/python -m bench.train --passes 3", "commit": "abc1234",
-            "date": "2026-12-03T10:00:00Z", "dirty": False,
-            "machine": {"cpu": "AMD EPYC", "cores": 2, "dtype": "float32"}}  # fmt: skip
+    made = made_by(".venv/bin/python -m bench.train --passes 3")
     page = render([Result(tmp_path / "train.json", made, figures)], [])
     assert "| held-out pass@1 | 0.250 | 64 | 0.160 to 0.368 | policy |" in page
     assert "| tokens | 12.00 tokens/s | 3 | 7.03 to 16.97 | - |" in page
@@ -61,10 +66,10 @@ def test_a_runs_stage_seconds_are_one_row_per_arm(tmp_path: Path) -> None:
                                           ("reviewer", "train", [200.0, 220.0]),
                                           ("alone", "collect", [80.0, 80.0]))]  # fmt: skip
     figures.append(Figure.mean("reviewer: wall time of the command", [500.0, 520.0], "s").__dict__)
-    made = {"command": ".venv/bin/python -m bench.run --runs 2", "commit": "abc1234",
-            "date": "2026-12-03T10:00:00Z", "dirty": False,
-            "machine": {"cpu": "AMD EPYC", "cores": 2, "dtype": "float32"}}  # fmt: skip
-    page = render([Result(tmp_path / "run.json", made, figures)], [])
+    page = render(
+        [Result(tmp_path / "run.json", made_by(".venv/bin/python -m bench.run --runs 2"), figures)],
+        [],
+    )
     assert "| arm | n | collect | train |" in page
     assert "| reviewer | 2 | 175.0 (111.5 to 238.5) | 210.0 (82.9 to 337.1) |" in page
     assert "| alone | 2 | 80.00 (80.00 to 80.00) | - |" in page  # no train stage: "-"

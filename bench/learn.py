@@ -202,14 +202,21 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     for arm, curve in result["arms"].items():
         solved = list(curve["solved"].values())
         found.append(Figure.share(f"{arm}: final held-out pass@1", sum(solved), len(solved),
-                                  "policy"))  # fmt: skip
+                                  whose(result, arm)))  # fmt: skip
         found.append(Figure.single(f"{arm}: rounds in the time budget",
                                    len(curve["pass_at_1"]) - 1))  # fmt: skip
     for arm, pair in result["paired"].items():
         found.append(Figure(f"{arm} minus {pair['vs']}, final pass@1 on the same tasks",
                             pair["difference"], pair["tasks"], pair["low"], pair["high"],
-                            counts="policy"))  # fmt: skip
+                            counts=whose(result, arm, pair["vs"])))  # fmt: skip
     return found
+
+
+def whose(result: dict[str, Any], *arms: str) -> str:
+    """Whose work the arms' held-out answers count: the policy's own always; "policy and
+    reviewer" where every arm learnt from a reviewer model's answers too."""
+    reviewed = result["settings"].get("reviewer", "None") != "None"
+    return "policy and reviewer" if reviewed and all(a in REVIEWED for a in arms) else "policy"
 
 
 def finals(result: dict[str, Any]) -> dict[str, list[float]]:
@@ -225,13 +232,14 @@ def finals(result: dict[str, Any]) -> dict[str, list[float]]:
 def over_runs(result: dict[str, Any]) -> list[Figure]:
     """Per arm, the mean final pass@1 over runs; each arm against the first, Welch over runs."""
     arms = finals(result)
-    found = [Figure.mean(f"{arm}: final held-out pass@1, mean over runs", values, counts="policy")
-             for arm, values in arms.items()]  # fmt: skip
+    found = [Figure.mean(f"{arm}: final held-out pass@1, mean over runs", values,
+                         counts=whose(result, arm)) for arm, values in arms.items()]  # fmt: skip
     (first, base), *others = arms.items()
     for arm, values in others:
         diff, low, high = welch_difference(values, base)
         found.append(Figure(f"{arm} minus {first}, final pass@1 (Welch over runs)", diff,
-                            len(values) + len(base), low, high, counts="policy"))  # fmt: skip
+                            len(values) + len(base), low, high,
+                            counts=whose(result, arm, first)))  # fmt: skip
     return found
 
 

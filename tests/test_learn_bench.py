@@ -50,12 +50,17 @@ def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
 
     runs = [{"arms": {"default": curve(1), "default+r3l": curve(2)}},
             {"arms": {"default": curve(2), "default+r3l": curve(4)}}]  # fmt: skip
-    result = {"arms": runs[0]["arms"], "runs": runs}
+    result = {"arms": runs[0]["arms"], "runs": runs, "settings": {"reviewer": "None"}}
     found = {f.name: f for f in figures(result)}
     mean = found["default+r3l: final held-out pass@1, mean over runs"]
     assert (mean.value, mean.n, mean.counts) == (0.75, 2, "policy")
     welch = found["default+r3l minus default, final pass@1 (Welch over runs)"]
     assert welch.value == pytest.approx(0.375) and welch.n == 4
     assert welch.low is not None and welch.low < 0.375 < (welch.high or 0)
-    single = {f.name for f in figures({"arms": runs[0]["arms"], "paired": {}, "runs": runs[:1]})}
-    assert "default: final held-out pass@1" in single  # one run: the per-task figures
+    single = {f.name: f for f in figures({**result, "paired": {}, "runs": runs[:1]})}
+    assert single["default: final held-out pass@1"].counts == "policy"  # one run: per task
+    reviewed = {**result, "settings": {"reviewer": "qwen2.5-coder-0.5b"}}
+    found = {f.name: f for f in figures(reviewed)}  # the default revises: the reviewer's work too
+    assert found["default+r3l minus default, final pass@1 (Welch over runs)"].counts == (
+        "policy and reviewer"
+    )

@@ -290,6 +290,7 @@ def run_arm(
             "--group-size", str(max(2, group_size)),
             "--eval-tasks", str(args.eval_tasks),
             "--summary-json", str(summary_path),
+            "--prefect", "temporary",  # a Prefect server of the run's own, gone when it ends
         ]  # fmt: skip
         if server_url:  # the shared server serves each arm's versions as adapters
             command += ["--server-url", server_url, "--weights", "lora"]

@@ -39,13 +39,13 @@ def at_step(observation: str, candidates: Sequence[str], shown: Collection[str])
 
 def _ranked(observation: str, candidates: Sequence[str], relevant_only: bool) -> list[str]:
     seen = set(words(observation))
+    overlap = {text: _jaccard(set(words(text)), seen) for text in candidates}
+    ranked = sorted(candidates, key=overlap.__getitem__, reverse=True)  # stable: ties keep order
+    return [text for text in ranked if overlap[text] > 0] if relevant_only else ranked
 
-    def overlap(text: str) -> float:
-        own = set(words(text))
-        return len(own & seen) / len(own | seen) if own | seen else 0.0
 
-    ranked = sorted(candidates, key=overlap, reverse=True)  # stable: ties keep the order
-    return [text for text in ranked if overlap(text) > 0] if relevant_only else ranked
+def _jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
 
 
 def _best(ranked: list[str], shown: Collection[str]) -> list[str]:

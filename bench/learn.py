@@ -55,6 +55,7 @@ Prints a table, writes the curves as JSON (--json) and PNG (--png).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -168,23 +169,21 @@ def main() -> None:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     reviewer = _reviewer_folder(args.reviewer)
     made = provenance()
-    if args.server_url:
-        with smollm2_server(args.server_url, args.port, "vllm-learn.log") as (url, model):
-            runs = [{arm: run_arm(arm, args, model, url, reviewer) for arm in arms}
-                    for _ in range(args.runs)]  # fmt: skip
-    else:
-        model = prepare_smollm2(MODELS)
-        runs = [{arm: run_arm(arm, args, model, None, reviewer) for arm in arms}
+    with contextlib.ExitStack() as servers:
+        url: str | None = None
+        if args.server_url:
+            server = smollm2_server(args.server_url, args.port, "vllm-learn.log")
+            url, model = servers.enter_context(server)
+        else:
+            model = prepare_smollm2(MODELS)
+        runs = [{"arms": {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}}
                 for _ in range(args.runs)]  # fmt: skip
     settings = {k: str(v) for k, v in vars(args).items()}
-    for curves in runs:
-        print_table({"settings": settings, "arms": curves, "paired": paired(curves)})
-    result = {
-        "settings": settings,
-        "arms": runs[0],  # the first run's, as files with one run hold them
-        "paired": paired(runs[0]),
-        "runs": [{"arms": curves, "paired": paired(curves)} for curves in runs],
-    }
+    for run in runs:
+        run["paired"] = paired(run["arms"])
+        print_table({"settings": settings, **run})
+    # the first run's arms and pairs at the top, as files with one run hold them
+    result = {"settings": settings, **runs[0], "runs": runs}
     print_over_runs(result)
     if args.json:
         write_results(args.json, result, made, figures(result))
@@ -222,7 +221,7 @@ def whose(result: dict[str, Any], *arms: str) -> str:
 def finals(result: dict[str, Any]) -> dict[str, list[float]]:
     """Each arm's final held-out pass@1 in each run."""
     arms: dict[str, list[float]] = {}
-    for run in result.get("runs") or [{"arms": result["arms"]}]:
+    for run in result["runs"]:
         for arm, curve in run["arms"].items():
             solved = list(curve["solved"].values())
             arms.setdefault(arm, []).append(statistics.fmean(solved) if solved else 0.0)

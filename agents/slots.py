@@ -29,7 +29,7 @@ from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from agents.strategy import Prompt, reflection_note, strategy_attempt
-from memory.records import Attempt, SamplingSettings
+from memory.records import EXPERIENCE, Attempt, SamplingSettings
 from verifiers.catalog import astart, is_episodic, worked_example
 from verifiers.errors import TaskFault
 from verifiers.task import Task
@@ -47,7 +47,7 @@ def conditioning(
     tried = [a for a in earlier or [] if a.strategy]
     if index < settings.guided_slots() and settings.lessons:
         lessons = list(settings.lessons)
-        held = Conditioning(context="experience", guidance="\n".join(lessons))
+        held = Conditioning(context=EXPERIENCE, guidance="\n".join(lessons))
         return experience_messages(task, system, lessons), held
     if index < settings.guided_slots():
         example = worked_example(task.taskset)

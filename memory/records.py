@@ -160,8 +160,9 @@ class PolicyVersion(Record):
         return value or []
 
 
+EXPERIENCE = "experience"  # a one-step attempt's context when library lessons were in its prompt
 STEP_LESSONS = "step_lessons"  # an episode's context when lessons were shown at its steps
-LIBRARY_CONTEXTS = ("experience", STEP_LESSONS)  # the contexts that show library lessons
+LIBRARY_CONTEXTS = (EXPERIENCE, STEP_LESSONS)  # the contexts that show library lessons
 
 
 class Attempt(Record):

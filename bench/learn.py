@@ -122,7 +122,8 @@ ON_TOP: dict[str, dict[str, Any]] = {
     "sge": {"collect.strategy.enabled": True},
     "r3l": {"collect.retry.enabled": True},
     "insights": {"collect.insights": True, "train.mode": "rltldr"},
-    "library": {"library.enabled": True},
+    # the library's lessons are insights the verifier confirmed: collected, not trained as rows
+    "library": {"library.enabled": True, "collect.insights": True},
     "outcome": {"outcome.bonus": 0.1, "outcome.repeat_penalty": 0.1},
     "nudge": {"collect.nudge": True},
 }
@@ -176,17 +177,18 @@ def main() -> None:
             url, model = servers.enter_context(server)
         else:
             model = prepare_smollm2(MODELS)
-        runs = [{"arms": {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}}
-                for _ in range(args.runs)]  # fmt: skip
-    settings = {k: str(v) for k, v in vars(args).items()}
-    for run in runs:
-        run["paired"] = paired(run["arms"])
-        print_table({"settings": settings, **run})
-    # the first run's arms and pairs at the top, as files with one run hold them
-    result = {"settings": settings, **runs[0], "runs": runs}
+        settings = {k: str(v) for k, v in vars(args).items()}
+        runs: list[dict[str, Any]] = []
+        for _ in range(args.runs):
+            run = {"arms": {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}}
+            run["paired"] = paired(run["arms"])
+            print_table({"settings": settings, **run})
+            runs.append(run)
+            # the first run's arms and pairs at the top, as files with one run hold them
+            result = {"settings": settings, **runs[0], "runs": runs}
+            if args.json:  # each finished run is kept, should a later one be cut short
+                write_results(args.json, result, made, figures(result))
     print_over_runs(result)
-    if args.json:
-        write_results(args.json, result, made, figures(result))
     if args.png:
         plot(result, args.png)
 

@@ -185,6 +185,29 @@ def machine() -> dict[str, Any]:
     }
 
 
+CHILD_STOP_S = 120.0  # how long an interrupted benchmark waits for a command to stop its servers
+
+
+def run_command(command: list[str], **popen: Any) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(command, capture_output=True, text=True)`, except when the benchmark is
+    interrupted: `subprocess.run` kills the command outright, and the model servers it started
+    in sessions of their own outlive both. Here the command is asked to stop (SIGTERM) and given
+    `CHILD_STOP_S` to stop them first."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    ) as process:
+        try:
+            out, err = process.communicate()
+        except KeyboardInterrupt:
+            process.terminate()
+            try:
+                process.communicate(timeout=CHILD_STOP_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
 def stop_serve(process: subprocess.Popen[bytes], workdir: Path) -> None:
     """Stop a `flywheel serve` started in its own process group, and the Prefect server it
     started under `workdir`."""

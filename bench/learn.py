@@ -59,7 +59,6 @@ import contextlib
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,7 +67,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import FLYWHEEL, Figure, checkout_env, provenance, write_results
+from bench.common import (
+    FLYWHEEL,
+    Figure,
+    checkout_env,
+    provenance,
+    run_command,
+    write_results,
+)
 from bench.smollm2_server import MODELS, smollm2_server
 from memory import store
 from reports.intervals import error_bars, paired_difference, welch_difference
@@ -303,8 +309,7 @@ def run_arm(
             command += ["--reviewer", reviewer]
         print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
         started = time.monotonic()
-        done = subprocess.run(command, env=checkout_env(), capture_output=True, text=True,
-                              check=False)  # fmt: skip
+        done = run_command(command, env=checkout_env())
         if done.returncode != 0:
             sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
         summary = json.loads(summary_path.read_text())

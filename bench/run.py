@@ -18,13 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import FLYWHEEL, ROOT, Figure, checkout_env, provenance, write_results
+from bench.common import (
+    FLYWHEEL,
+    ROOT,
+    Figure,
+    checkout_env,
+    provenance,
+    run_command,
+    write_results,
+)
 from reports.intervals import mean_interval, welch_difference
 from reports.summary import serving_share
 from reports.table import text_table
@@ -78,8 +85,7 @@ def one_run(arm: str, port: int) -> dict[str, Any]:
             "--prefect", "temporary",
         ]  # fmt: skip
         started = time.monotonic()
-        done = subprocess.run(command, cwd=ROOT, env=checkout_env(), capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        done = run_command(command, cwd=ROOT, env=checkout_env())
         seconds = time.monotonic() - started
         if done.returncode != 0:
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]

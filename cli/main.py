@@ -30,7 +30,19 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
+    _disarm()
     raise _Terminated
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _disarm()
+    raise KeyboardInterrupt
+
+
+def _disarm() -> None:
+    """Once a command unwinds, a further SIGTERM (a supervisor's again, or a benchmark's after
+    the Ctrl-C it shared) must not cut short the cleanup that stops its model servers."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,15 +84,21 @@ def _run(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _terminated_as_interrupt() -> Iterator[None]:
     """SIGTERM raises `_Terminated` while a command runs (in the main thread, where signals
-    land); the handler before is put back after."""
+    land), and the first SIGTERM or Ctrl-C disarms SIGTERM for the unwinding; the handlers
+    before are put back after. A Ctrl-C that was ignored (a background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     before = signal.signal(signal.SIGTERM, _terminate)
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _one_line(exc: Exception) -> str | None:

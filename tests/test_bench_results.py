@@ -139,8 +139,8 @@ def test_a_benchmark_stopped_with_sigterm_unwinds_as_ctrl_c_does() -> None:
         "import sys, time\n"
         f"sys.modules['__main__'].__file__ = {str(ROOT / 'bench' / 'any.py')!r}\n"
         "import bench.common\n"
-        "print('started', flush=True)\n"
-        "try:\n    time.sleep(60)\nfinally:\n    print('servers stopped', flush=True)\n"
+        "try:\n    print('started', flush=True)\n    time.sleep(60)\n"
+        "finally:\n    print('servers stopped', flush=True)\n"
     )
     process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -150,6 +150,42 @@ def test_a_benchmark_stopped_with_sigterm_unwinds_as_ctrl_c_does() -> None:
     out, err = process.communicate(timeout=30)
     assert out == "servers stopped\n", err
     assert process.returncode != 0 and time.monotonic() - started < 30
+
+
+def test_an_interrupted_benchmark_lets_its_command_stop_its_servers(tmp_path: Path) -> None:
+    """`subprocess.run` would kill the command outright on Ctrl-C, and the model servers it
+    started in sessions of their own would outlive both: the command is asked to stop, and
+    the benchmark waits for it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready, stopped = tmp_path / "ready", tmp_path / "stopped"
+    command = (
+        "import pathlib, signal, time\n"
+        "def stop(*_): raise KeyboardInterrupt\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "try:\n"
+        f"    pathlib.Path({str(ready)!r}).write_text('')\n"
+        "    time.sleep(60)\n"
+        f"finally:\n    time.sleep(1)\n    pathlib.Path({str(stopped)!r}).write_text('')\n"
+    )
+    script = (
+        "import sys\n"
+        f"sys.modules['__main__'].__file__ = {str(ROOT / 'bench' / 'any.py')!r}\n"
+        "from bench.common import run_command\n"
+        f"run_command([sys.executable, '-c', {command!r}])\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=30)
+    assert process.returncode != 0
+    assert stopped.exists()  # the command's cleanup ran whole before the benchmark ended
 
 
 def test_an_overlapped_arm_reports_how_stale_its_trained_groups_were() -> None:

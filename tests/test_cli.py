@@ -1,5 +1,6 @@
 """The CLI contract: --help everywhere, one-line errors with a non-zero exit on bad input."""
 
+import signal
 import socket
 import subprocess
 import sys
@@ -495,3 +496,37 @@ sys.exit(m.main([]))
     assert command.wait(timeout=30) == 143
     assert cleaned.read_text() == "stopped"
     assert "flywheel: terminated" in (command.stderr.read() if command.stderr else "")
+
+
+def test_a_second_sigterm_does_not_cut_short_the_cleanup_of_the_first(tmp_path: Path) -> None:
+    """A supervisor that signals twice, or a benchmark that passes on the Ctrl-C its command
+    also got: the servers still stop whole."""
+    cleaned = tmp_path / "cleaned"
+    script = f"""
+import pathlib, sys, time
+import cli.main as m
+
+def slow(args):
+    try:
+        print("started", flush=True)
+        time.sleep(60)
+    finally:
+        print("cleaning", flush=True)
+        time.sleep(2)
+        pathlib.Path({str(cleaned)!r}).write_text("stopped")
+
+class Parsed:
+    handler = staticmethod(slow)
+
+m.build = lambda: type("Parser", (), {{"parse_args": lambda self, argv: Parsed()}})()
+sys.exit(m.main([]))
+"""
+    command = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert command.stdout is not None and command.stdout.readline() == "started\n"
+    command.send_signal(signal.SIGINT)
+    assert command.stdout.readline() == "cleaning\n"
+    command.terminate()
+    assert command.wait(timeout=30) == 130
+    assert cleaned.read_text() == "stopped"

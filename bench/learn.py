@@ -76,7 +76,7 @@ from bench.common import (
     write_results,
 )
 from bench.smollm2_server import MODELS, smollm2_server
-from memory import store
+from memory import library, store
 from reports.intervals import error_bars, paired_difference, welch_difference
 from reports.table import text_table
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
@@ -314,6 +314,7 @@ def run_arm(
             sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
         summary = json.loads(summary_path.read_text())
         solved = _final_solved(summary)
+        did = what_it_did(summary["db_url"])
     rounds = summary["rounds"]
     print(f"[{arm}] done in {(time.monotonic() - started) / 60:.1f} min", file=sys.stderr)
     return {
@@ -330,6 +331,7 @@ def run_arm(
         "run_seconds": summary["wall_seconds"].get("total"),
         "final_version": final_version(summary),
         "solved": solved,
+        "did": did,
     }
 
 
@@ -347,6 +349,24 @@ def _final_solved(summary: dict[str, Any]) -> dict[str, bool]:
         groups = store.load_groups(session, "eval", policy_version=final_version(summary))
     engine.dispose()
     return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
+
+
+def what_it_did(db_url: str) -> dict[str, Any]:
+    """What an arm's method did, from its store: the train attempts and their successes by kind
+    and guidance ("guided:worked_example", "revision:reviewer", ...), the attempts whose reward
+    an outcome bonus shaped, and the library's active lessons at the end."""
+    engine = store.open_store(db_url)
+    with store.transaction(engine) as session:
+        attempts = [a for g in store.load_groups(session, "train") for a in g.attempts]
+        lessons = library.size(session)
+    engine.dispose()
+    kinds: dict[str, list[int]] = {}
+    for attempt in attempts:
+        counts = kinds.setdefault(f"{attempt.kind}:{attempt.context}", [0, 0])
+        counts[0] += 1
+        counts[1] += attempt.correct
+    shaped = sum(a.shaped_reward is not None and a.shaped_reward != a.reward for a in attempts)
+    return {"attempts": dict(sorted(kinds.items())), "shaped": shaped, "lessons": lessons}
 
 
 def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -64,3 +64,25 @@ def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
     assert found["default+r3l minus default, final pass@1 (Welch over runs)"].counts == (
         "policy and reviewer"
     )
+
+
+def test_an_arm_records_what_its_method_did(tmp_path) -> None:
+    """Per kind and guidance, the train attempts and their successes; the rewards an outcome
+    bonus shaped; the library's lessons: what says why a method added nothing."""
+    from bench.learn import what_it_did
+    from memory import store
+    from tests.helpers import make_group
+
+    url = f"sqlite:///{tmp_path / 'arm.db'}"
+    group = make_group([1.0, 0.0, 0.0])
+    guided, shaped, bare = group.attempts
+    attempts = [
+        guided.model_copy(update={"kind": "guided", "context": "worked_example"}),
+        shaped.model_copy(update={"shaped_reward": 0.1}),
+        bare.model_copy(update={"shaped_reward": 0.0}),
+    ]
+    with store.transaction(store.open_store(url)) as session:
+        store.save_groups(session, [group.model_copy(update={"attempts": attempts})])
+    did = what_it_did(url)
+    assert did["attempts"] == {"base:bare": [2, 0], "guided:worked_example": [1, 1]}
+    assert (did["shaped"], did["lessons"]) == (1, 0)

@@ -467,41 +467,9 @@ def test_servers_side_by_side_are_all_launched_before_any_is_waited_on(monkeypat
     ]  # fmt: skip
 
 
-def test_sigterm_unwinds_a_command_so_what_it_started_stops_first(tmp_path: Path) -> None:
-    """`kill` of a command runs its cleanup (the servers it started stop on the way out) and
-    ends it with 143, as Ctrl-C does with 130."""
-    cleaned = tmp_path / "cleaned"
-    script = f"""
-import pathlib, sys, time
-import cli.main as m
-
-def slow(args):
-    try:
-        print("started", flush=True)
-        time.sleep(60)
-    finally:
-        pathlib.Path({str(cleaned)!r}).write_text("stopped")
-
-class Parsed:
-    handler = staticmethod(slow)
-
-m.build = lambda: type("Parser", (), {{"parse_args": lambda self, argv: Parsed()}})()
-sys.exit(m.main([]))
-"""
-    command = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert command.stdout is not None and command.stdout.readline() == "started\n"
-    command.terminate()
-    assert command.wait(timeout=30) == 143
-    assert cleaned.read_text() == "stopped"
-    assert "flywheel: terminated" in (command.stderr.read() if command.stderr else "")
-
-
-def test_a_second_sigterm_does_not_cut_short_the_cleanup_of_the_first(tmp_path: Path) -> None:
-    """A supervisor that signals twice, or a benchmark that passes on the Ctrl-C its command
-    also got: the servers still stop whole."""
-    cleaned = tmp_path / "cleaned"
+def _slow_command(cleaned: Path) -> subprocess.Popen[str]:
+    """A command that prints "started", sleeps, and on its way out prints "cleaning", takes 2 s
+    to clean up, and writes "stopped" to `cleaned`."""
     script = f"""
 import pathlib, sys, time
 import cli.main as m
@@ -525,8 +493,25 @@ sys.exit(m.main([]))
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert command.stdout is not None and command.stdout.readline() == "started\n"
+    return command
+
+
+def test_sigterm_unwinds_a_command_so_what_it_started_stops_first(tmp_path: Path) -> None:
+    """`kill` of a command runs its cleanup (the servers it started stop on the way out) and
+    ends it with 143, as Ctrl-C does with 130."""
+    command = _slow_command(tmp_path / "cleaned")
+    command.terminate()
+    assert command.wait(timeout=30) == 143
+    assert (tmp_path / "cleaned").read_text() == "stopped"
+    assert "flywheel: terminated" in (command.stderr.read() if command.stderr else "")
+
+
+def test_a_second_sigterm_does_not_cut_short_the_cleanup_of_the_first(tmp_path: Path) -> None:
+    """A supervisor that signals twice, or a benchmark that passes on the Ctrl-C its command
+    also got: the servers still stop whole."""
+    command = _slow_command(tmp_path / "cleaned")
     command.send_signal(signal.SIGINT)
-    assert command.stdout.readline() == "cleaning\n"
+    assert command.stdout is not None and command.stdout.readline() == "cleaning\n"
     command.terminate()
     assert command.wait(timeout=30) == 130
-    assert cleaned.read_text() == "stopped"
+    assert (tmp_path / "cleaned").read_text() == "stopped"

@@ -237,10 +237,14 @@ def finals(result: dict[str, Any]) -> dict[str, list[float]]:
 
 
 def over_runs(result: dict[str, Any]) -> list[Figure]:
-    """Per arm, the mean final pass@1 over runs; each arm against the first, Welch over runs."""
+    """Per arm, the mean final pass@1 and rounds over runs; each arm against the first, Welch
+    over runs."""
     arms = finals(result)
     found = [Figure.mean(f"{arm}: final held-out pass@1, mean over runs", values,
                          counts=whose(result, arm)) for arm, values in arms.items()]  # fmt: skip
+    for arm in arms:
+        rounds = [len(run["arms"][arm]["pass_at_1"]) - 1.0 for run in result["runs"]]
+        found.append(Figure.mean(f"{arm}: rounds in the time budget, mean over runs", rounds))
     (first, base), *others = arms.items()
     for arm, values in others:
         diff, low, high = welch_difference(values, base)

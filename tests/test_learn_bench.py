@@ -45,10 +45,10 @@ def test_every_arm_is_a_valid_run_config(tmp_path) -> None:
 def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
     from bench.learn import figures
 
-    def curve(solved: int) -> dict:
-        return {"solved": {f"t{i}": i < solved for i in range(4)}, "pass_at_1": [0.0]}
+    def curve(solved: int, rounds: int = 3) -> dict:
+        return {"solved": {f"t{i}": i < solved for i in range(4)}, "pass_at_1": [0.0] * rounds}
 
-    runs = [{"arms": {"default": curve(1), "default+r3l": curve(2)}},
+    runs = [{"arms": {"default": curve(1), "default+r3l": curve(2, rounds=2)}},
             {"arms": {"default": curve(2), "default+r3l": curve(4)}}]  # fmt: skip
     result = {"arms": runs[0]["arms"], "runs": runs, "settings": {"reviewer": "None"}}
     found = {f.name: f for f in figures(result)}
@@ -56,6 +56,8 @@ def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
     assert (mean.value, mean.n, mean.counts) == (0.75, 2, "policy")
     welch = found["default+r3l minus default, final pass@1 (Welch over runs)"]
     assert welch.value == pytest.approx(0.375) and welch.n == 4
+    rounds = found["default+r3l: rounds in the time budget, mean over runs"]
+    assert (rounds.value, rounds.n) == (1.5, 2)  # a curve holds the base, then each round
     assert welch.low is not None and welch.low < 0.375 < (welch.high or 0)
     single = {f.name: f for f in figures({**result, "paired": {}, "runs": runs[:1]})}
     assert single["default: final held-out pass@1"].counts == "policy"  # one run: per task

@@ -12,6 +12,9 @@ batch.
    trains, given only the task.
 4. `sequential_attempts` is RLTLDR's group: attempts one after another, each failure judged
    into an insight for the board, which later attempts may see.
+5. `insight_advantage` is RLTLDR's own check that insights help: the success rate of first
+   attempts that saw insights minus that of first attempts with nothing in context (it must
+   stay above zero).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from agents.policy import Endpoint
 from agents.reflection import parse_reply, review_messages
 from agents.settings import CollectSettings
 from agents.slots import first_attempt
-from memory.records import FULL_REWARD, Attempt, Sample, SamplingSettings
+from memory.records import FULL_REWARD, Attempt, Group, Sample, SamplingSettings
 from verifiers.task import Task
 
 JUDGE_SYSTEM = (
@@ -162,3 +165,31 @@ async def sequential_attempts(
         if insight.guidance:
             board.add(insight.guidance)
     return attempts + judged
+
+
+class InsightCheck(BaseModel):
+    """First attempts that saw the batch's insights against those with nothing in context."""
+
+    model_config = ConfigDict(frozen=True)
+
+    with_insights: float
+    seen: int
+    without: float
+    bare: int
+
+    @property
+    def advantage(self) -> float:
+        return self.with_insights - self.without
+
+
+def insight_advantage(groups: list[Group]) -> InsightCheck | None:
+    """RLTLDR's diagnostic over a round's groups; None unless both kinds of attempt exist."""
+    firsts = [a for g in groups for a in g.first_attempts]
+    seen = [a.correct for a in firsts if a.context == "insights"]
+    bare = [a.correct for a in firsts if a.context == "bare"]
+    if not seen or not bare:
+        return None
+    return InsightCheck(
+        with_insights=sum(seen) / len(seen), seen=len(seen),
+        without=sum(bare) / len(bare), bare=len(bare),
+    )  # fmt: skip

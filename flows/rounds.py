@@ -36,6 +36,7 @@ from prefect import get_run_logger
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
+from agents.insight import insight_advantage
 from flows import artifacts, evaluation, scorecards, stages
 from flows.settings import RunSettings
 from memory import store
@@ -272,10 +273,18 @@ def _collected(ctx: RoundContext, groups: list[Group]) -> RoundSummary:
     retries), not reflections or insights."""
     attempts = [a for g in groups for a in g.attempts if a.kind in ROLLOUT_KINDS]
     bare = [a for g in groups for a in g.bare_attempts]
-    get_run_logger().info(
+    logger = get_run_logger()
+    logger.info(
         "round %d: %d rollouts, %d correct",
         ctx.round_index, len(attempts), sum(a.correct for a in attempts),
     )  # fmt: skip
+    check = insight_advantage(groups)
+    if check is not None and check.advantage <= 0:
+        logger.warning(
+            "round %d: insights did not help: %.2f of %d attempts that saw them succeeded, "
+            "%.2f of %d with nothing in context (RLTLDR needs this above zero)",
+            ctx.round_index, check.with_insights, check.seen, check.without, check.bare,
+        )  # fmt: skip
     return RoundSummary(
         round_index=ctx.round_index,
         policy_version=None,
@@ -285,6 +294,7 @@ def _collected(ctx: RoundContext, groups: list[Group]) -> RoundSummary:
         successes=sum(a.correct for a in attempts),
         bare_rollouts=len(bare),
         bare_successes=sum(a.correct for a in bare),
+        insight_advantage=None if check is None else check.advantage,
         train_tokens=0,
         eval_pass_at_1=None,
         eval_format_rate=None,

@@ -23,6 +23,8 @@ class RoundSummary(BaseModel):
     groups: int = 0  # the groups trained on
     stale_groups: int = 0  # of them, sampled by an earlier version (overlapped rounds)
     dropped_groups: int = 0  # left out: sampled more than `max_staleness` versions before
+    # RLTLDR's check, with insights on: success with the batch's insights minus without
+    insight_advantage: float | None = None
     eval_pass_at_1: float | None
     eval_format_rate: float | None
     eval_gained: int | None = None

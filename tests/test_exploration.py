@@ -342,6 +342,23 @@ def make_attempt(correct: bool):
     return attempt.model_copy(update={"correct": correct})
 
 
+def test_rltldr_s_check_compares_attempts_that_saw_insights_with_bare_ones() -> None:
+    """Insight advantage = success with the batch's insights - success with nothing in context;
+    the worked example's half counts on neither side, and a round without both has none."""
+    from agents.insight import insight_advantage
+    from tests.helpers import make_group
+
+    group = make_group([1.0, 0.0, 0.0, 1.0, 0.0])
+    contexts = ["bare", "bare", "insights", "demo", "insights"]
+    pairs = zip(group.attempts, contexts, strict=True)
+    attempts = [a.model_copy(update={"context": c}) for a, c in pairs]
+    check = insight_advantage([with_attempts(group, attempts)])
+    assert check is not None
+    assert (check.with_insights, check.seen, check.without, check.bare) == (0.0, 2, 0.5, 2)
+    assert check.advantage == -0.5
+    assert insight_advantage([group]) is None  # every attempt bare: nothing to compare
+
+
 def test_an_invalid_judgement_adds_no_insight() -> None:
     seen: list[dict] = []
     group = run_insights(judging_server('{"summary": "x"}', seen), group_size=2)

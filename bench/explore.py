@@ -459,8 +459,9 @@ def print_table(result: dict[str, Any]) -> None:
     )
     for method, f in result["methods"].items():
         if timed := f.get("equal_time"):
+            who = "the reviewer" if method == "reviewer" else "the policy itself"
             print(
-                f"{method}: the policy itself solved {timed['policy_solved']:.3f} in "
+                f"{method}: {who} solved {timed['policy_solved']:.3f} in "
                 f"{timed['seconds']:.0f} s; plain sampling {timed['plain_solved']:.3f} after as "
                 f"long ({ratio(timed['ratio'])}, {difference(timed['minus_plain'])} paired)"
                 + (" (plain's whole run: it ended first)" if timed["plain_ran_out"] else "")

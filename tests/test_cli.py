@@ -471,9 +471,10 @@ def _slow_command(cleaned: Path) -> subprocess.Popen[str]:
     """A command that prints "started", sleeps, and on its way out prints "cleaning", takes 2 s
     to clean up, and writes "stopped" to `cleaned`."""
     script = f"""
-import pathlib, sys, time
+import pathlib, signal, sys, time
 import cli.main as m
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, not a background job
 def slow(args):
     try:
         print("started", flush=True)

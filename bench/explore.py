@@ -459,7 +459,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     for method, f in result["methods"].items():
         if timed := f.get("equal_time"):
-            who = "the reviewer" if method == "reviewer" else "the policy itself"
+            who = "the reviewer" if method in BY_REVIEWER else "the policy itself"
             print(
                 f"{method}: {who} solved {timed['policy_solved']:.3f} in "
                 f"{timed['seconds']:.0f} s; plain sampling {timed['plain_solved']:.3f} after as "

@@ -184,9 +184,8 @@ class InsightCheck(BaseModel):
 
 def insight_advantage(groups: list[Group]) -> InsightCheck | None:
     """RLTLDR's diagnostic over a round's groups; None unless both kinds of attempt exist."""
-    firsts = [a for g in groups for a in g.first_attempts]
-    seen = [a.correct for a in firsts if a.context == "insights"]
-    bare = [a.correct for a in firsts if a.context == "bare"]
+    seen = [a.correct for g in groups for a in g.first_attempts if a.context == "insights"]
+    bare = [a.correct for g in groups for a in g.bare_attempts]
     if not seen or not bare:
         return None
     return InsightCheck(

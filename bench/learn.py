@@ -67,6 +67,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from bench.common import (
     FLYWHEEL,
     Figure,
@@ -317,8 +319,7 @@ def run_arm(
         if done.returncode != 0:
             sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
         summary = json.loads(summary_path.read_text())
-        solved = _final_solved(summary)
-        did = what_it_did(summary["db_url"])
+        solved, did = _read_store(summary)
     rounds = summary["rounds"]
     print(f"[{arm}] done in {(time.monotonic() - started) / 60:.1f} min", file=sys.stderr)
     return {
@@ -345,32 +346,33 @@ def final_version(summary: dict[str, Any]) -> str:
     return str(promoted[-1] if promoted else summary["base_model"])
 
 
-def _final_solved(summary: dict[str, Any]) -> dict[str, bool]:
-    """Held-out task id -> solved, for the version the run serves at its end (read from the
-    arm's store before its folder goes)."""
+def _read_store(summary: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any]]:
+    """From the arm's store, before its folder goes: held-out task id -> solved, for the version
+    the run serves at its end; and what the arm's method did (`what_it_did`)."""
     engine = store.open_store(summary["db_url"])
     with store.transaction(engine) as session:
         groups = store.load_groups(session, "eval", policy_version=final_version(summary))
+        did = what_it_did(session)
     engine.dispose()
-    return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}
+    return {g.task_id: g.attempts[0].correct for g in groups if g.attempts}, did
 
 
-def what_it_did(db_url: str) -> dict[str, Any]:
+def what_it_did(session: Session) -> dict[str, Any]:
     """What an arm's method did, from its store: the train attempts and their successes by kind
     and guidance ("guided:worked_example", "revision:reviewer", ...), the attempts whose reward
     an outcome bonus shaped, and the library's active lessons at the end."""
-    engine = store.open_store(db_url)
-    with store.transaction(engine) as session:
-        attempts = [a for g in store.load_groups(session, "train") for a in g.attempts]
-        lessons = library.size(session)
-    engine.dispose()
+    attempts = [a for g in store.load_groups(session, "train") for a in g.attempts]
     kinds: dict[str, list[int]] = {}
     for attempt in attempts:
         counts = kinds.setdefault(f"{attempt.kind}:{attempt.context}", [0, 0])
         counts[0] += 1
         counts[1] += attempt.correct
     shaped = sum(a.shaped_reward is not None and a.shaped_reward != a.reward for a in attempts)
-    return {"attempts": dict(sorted(kinds.items())), "shaped": shaped, "lessons": lessons}
+    return {
+        "attempts": dict(sorted(kinds.items())),
+        "shaped": shaped,
+        "lessons": library.size(session),
+    }
 
 
 def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

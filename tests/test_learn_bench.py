@@ -83,8 +83,10 @@ def test_an_arm_records_what_its_method_did(tmp_path) -> None:
         shaped.model_copy(update={"shaped_reward": 0.1}),
         bare.model_copy(update={"shaped_reward": 0.0}),
     ]
-    with store.transaction(store.open_store(url)) as session:
+    engine = store.open_store(url)
+    with store.transaction(engine) as session:
         store.save_groups(session, [group.model_copy(update={"attempts": attempts})])
-    did = what_it_did(url)
+    with store.transaction(engine) as session:
+        did = what_it_did(session)
     assert did["attempts"] == {"base:bare": [2, 0], "guided:worked_example": [1, 1]}
     assert (did["shaped"], did["lessons"]) == (1, 0)

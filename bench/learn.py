@@ -359,7 +359,7 @@ def _read_store(summary: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any
 
 def what_it_did(session: Session) -> dict[str, Any]:
     """What an arm's method did, from its store: the train attempts and their successes by kind
-    and guidance ("guided:worked_example", "revision:reviewer", ...), the attempts whose reward
+    and guidance ("guided:demo", "revision:revision", ...), the attempts whose reward
     an outcome bonus shaped, and the library's active lessons at the end."""
     attempts = [a for g in store.load_groups(session, "train") for a in g.attempts]
     kinds: dict[str, list[int]] = {}

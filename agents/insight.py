@@ -32,7 +32,7 @@ from agents.policy import Endpoint
 from agents.reflection import parse_reply, review_messages
 from agents.settings import CollectSettings
 from agents.slots import first_attempt
-from memory.records import FULL_REWARD, Attempt, Group, Sample, SamplingSettings
+from memory.records import FULL_REWARD, INSIGHTS, Attempt, Group, Sample, SamplingSettings
 from verifiers.task import Task
 
 JUDGE_SYSTEM = (
@@ -184,7 +184,7 @@ class InsightCheck(BaseModel):
 
 def insight_advantage(groups: list[Group]) -> InsightCheck | None:
     """RLTLDR's diagnostic over a round's groups; None unless both kinds of attempt exist."""
-    seen = [a.correct for g in groups for a in g.first_attempts if a.context == "insights"]
+    seen = [a.correct for g in groups for a in g.first_attempts if a.context == INSIGHTS]
     bare = [a.correct for g in groups for a in g.bare_attempts]
     if not seen or not bare:
         return None

@@ -29,7 +29,7 @@ from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from agents.strategy import Prompt, reflection_note, strategy_attempt
-from memory.records import EXPERIENCE, Attempt, SamplingSettings
+from memory.records import EXPERIENCE, INSIGHTS, Attempt, SamplingSettings
 from verifiers.catalog import astart, is_episodic, worked_example
 from verifiers.errors import TaskFault
 from verifiers.task import Task
@@ -54,7 +54,7 @@ def conditioning(
         held = Conditioning(context="demo", guidance=demo_text(example))
         return demo_messages(task, system, example), held
     if insights:
-        held = Conditioning(context="insights", guidance="\n".join(insights))
+        held = Conditioning(context=INSIGHTS, guidance="\n".join(insights))
         return insight_messages(task, system, insights), held
     if tried:
         note = reflection_note(tried)

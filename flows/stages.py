@@ -39,7 +39,7 @@ from flows.settings import RunSettings
 from memory import library, sessions, store, workqueue
 from memory.embedding import Embedder
 from memory.library import Admission
-from memory.records import Attempt, Batch, Group, GroupPurpose, LessonDraft, PolicyVersion
+from memory.records import INSIGHTS, Attempt, Batch, Group, GroupPurpose, LessonDraft, PolicyVersion
 from memory.retrieval import Index
 from serving.adapters import ensure_loaded
 from trainer import distributed
@@ -175,7 +175,7 @@ def confirmed_lessons(groups: list[Group]) -> list[LessonDraft]:
         line
         for g in groups
         for a in g.attempts
-        if a.context == "insights" and a.correct and a.guidance
+        if a.context == INSIGHTS and a.correct and a.guidance
         for line in a.guidance.splitlines()
     }
 

@@ -45,11 +45,16 @@ time left covers its last round, and the arms are compared by the version each s
 end, paired on the same held-out tasks (each arm against the first, with a 95% interval).
 `--runs N` runs every arm N times, the arms alternating so that a slow spell of the machine
 falls on all, and compares each arm's final pass@1 with the first arm's, Welch over runs.
+A round may end past the budget, and an arm whose rounds are long may stop well before it, so
+with `--minutes` the arms are also compared at the same instant: by the version each served
+when the budget ran out (its last round promoted by then), Welch over runs.
+`--refigure P` recomputes the figures of an earlier results file from its runs.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
         [--reviewer NAME] [--keep DIR] [--json P] [--png P]
+    .venv/bin/python -m bench.learn --refigure P
 """
 
 from __future__ import annotations
@@ -166,11 +171,21 @@ def main() -> None:
         metavar="JSON:ARM",
         help="instead: pair arms of earlier runs' JSON (the first against the others)",
     )
+    parser.add_argument(
+        "--refigure",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="instead: recompute an earlier results file's figures from its runs",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
     args = parser.parse_args()
     if args.pair:
         print_pairs(paired({spec: _arm_of(parser, spec) for spec in args.pair}))
+        return
+    if args.refigure:
+        refigure(parser, args.refigure)
         return
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = set(arms) - set(ARMS)
@@ -204,9 +219,10 @@ def main() -> None:
 def figures(result: dict[str, Any]) -> list[Figure]:
     """Each arm's final held-out pass@1 (the policy's own, greedy, no guidance; Wilson over the
     tasks), and each arm's paired difference from the first arm on the same tasks; over several
-    runs, each arm's mean and its difference from the first arm's, with Welch's interval."""
+    runs, each arm's mean and its difference from the first arm's, with Welch's interval, at
+    the end and (`at_budget`) when the time budget ran out."""
     if len(result.get("runs", [])) > 1:
-        return over_runs(result)
+        return over_runs(result) + at_budget(result)
     found = []
     for arm, curve in result["arms"].items():
         solved = list(curve["solved"].values())
@@ -256,10 +272,60 @@ def over_runs(result: dict[str, Any]) -> list[Figure]:
     return found
 
 
+def served_at(curve: dict[str, Any], seconds: float) -> float:
+    """Held-out pass@1 of the version a run served `seconds` into it (the clock of its rounds'
+    `ended_s`, which its `--minutes` budget counts too): its last round promoted by then, else
+    the base model."""
+    served = curve["pass_at_1"][0]
+    ended = zip(curve["promoted"], curve["ended_s"][1:], curve["pass_at_1"][1:], strict=False)
+    for promoted, ended_s, score in ended:
+        if promoted and ended_s <= seconds and score is not None:
+            served = score
+    return float(served)
+
+
+def at_budget(result: dict[str, Any]) -> list[Figure]:
+    """With a time budget: each arm's held-out pass@1 served when the budget ran out, mean over
+    runs, and each arm against the first, Welch over runs (none without a budget)."""
+    minutes = result["settings"].get("minutes", "None")
+    if minutes == "None":
+        return []
+    seconds, label = float(minutes) * 60, f"served at {float(minutes):g} min"
+    arms: dict[str, list[float]] = {}
+    for run in result["runs"]:
+        for arm, curve in run["arms"].items():
+            arms.setdefault(arm, []).append(served_at(curve, seconds))
+    found = [Figure.mean(f"{arm}: held-out pass@1 {label}, mean over runs", values,
+                         counts=whose(result, arm)) for arm, values in arms.items()]  # fmt: skip
+    (first, base), *others = arms.items()
+    for arm, values in others:
+        diff, low, high = welch_difference(values, base)
+        found.append(Figure(f"{arm} minus {first}, pass@1 {label} (Welch over runs)", diff,
+                            len(values) + len(base), low, high,
+                            counts=whose(result, arm, first)))  # fmt: skip
+    return found
+
+
+def refigure(parser: argparse.ArgumentParser, path: Path) -> None:
+    """Rewrite `path`'s figures from its runs with today's accounting; its provenance (the run
+    that measured them) stays, and says when the figures were recomputed."""
+    try:
+        record = json.loads(path.read_text())
+        made = record.pop("provenance")
+        del record["figures"]
+        found = figures(record)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"--refigure {path}: not a learning benchmark's results ({exc!r})")
+    now = provenance()
+    made["refigured"] = {"commit": now["commit"], "date": now["date"]}
+    write_results(path, record, made, found)
+    print_over_runs(record)
+
+
 def print_over_runs(result: dict[str, Any]) -> None:
     if len(result["runs"]) < 2:
         return
-    for figure in over_runs(result):
+    for figure in over_runs(result) + at_budget(result):
         print(f"{figure.name}: {figure.value:+.3f} ({figure.low:+.3f} to {figure.high:+.3f})")
 
 

@@ -113,9 +113,11 @@ def _table(result: Result) -> str:
     native = f"native {machine['dtype']}" if "dtype" in machine else "native dtype not recorded"
     where = f"{machine['cpu']}, {machine['cores']} cores, {native}"
     dirty = " (uncommitted changes)" if made.get("dirty") else ""
+    again = made.get("refigured")
+    refigured = f" · figures recomputed at `{again['commit']}`" if again else ""
     lines = [
         f"`results/{result.path.name}` · {made['date'][:10]} · commit "
-        f"`{made['commit']}`{dirty} · {where}",
+        f"`{made['commit']}`{dirty} · {where}{refigured}",
         "",
         f"    {result.command}",
         "",

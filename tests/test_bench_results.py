@@ -58,6 +58,9 @@ def test_a_row_shows_its_n_interval_and_whose_work_it_counts(tmp_path: Path) -> 
     assert "| wall time | 389.6 s | 1 | - | - |" in page
     assert "commit `abc1234` · AMD EPYC, 2 cores, native float32" in page
     assert "    .venv/bin/python -m bench.train --passes 3" in page
+    again = {**made, "refigured": {"commit": "def5678", "date": "2026-12-05T10:00:00Z"}}
+    page = render([Result(tmp_path / "train.json", again, figures)], [])
+    assert "native float32 · figures recomputed at `def5678`" in page
 
 
 def test_a_runs_stage_seconds_are_one_row_per_arm(tmp_path: Path) -> None:

@@ -90,3 +90,52 @@ def test_an_arm_records_what_its_method_did(tmp_path) -> None:
         did = what_it_did(session)
     assert did["attempts"] == {"base:bare": [2, 0], "guided:worked_example": [1, 1]}
     assert (did["shaped"], did["lessons"]) == (1, 0)
+
+
+def test_arms_are_also_compared_by_the_version_served_when_the_budget_ran_out() -> None:
+    """A round that ends past the budget does not count at the budget; nor does one that was
+    not promoted: the arm served its last promoted round by then, else the base model."""
+    from bench.learn import figures, served_at
+
+    late = {"pass_at_1": [0.25, 0.5, 0.75], "promoted": [True, True], "ended_s": [0, 200, 600]}
+    kept = {"pass_at_1": [0.25, 0.5, 0.0], "promoted": [True, False], "ended_s": [0, 300, 500]}
+    assert served_at(late, 540) == 0.5 and served_at(late, 600) == 0.75
+    assert served_at(kept, 540) == 0.5 and served_at(kept, 100) == 0.25
+
+    def arm(final: float, curve: dict) -> dict:
+        return {**curve, "solved": {f"t{i}": i < final * 4 for i in range(4)}}
+
+    runs = [{"arms": {"default": arm(0.75, late), "default+r3l": arm(0.5, kept)}}] * 2
+    result = {"runs": runs, "settings": {"reviewer": "None", "minutes": "9.0"}}
+    found = {f.name: f for f in figures(result)}
+    assert found["default+r3l minus default, final pass@1 (Welch over runs)"].value == -0.25
+    at = found["default+r3l minus default, pass@1 served at 9 min (Welch over runs)"]
+    assert at.value == 0.0 and at.n == 4  # both served 0.5 at minute 9
+    assert found["default: held-out pass@1 served at 9 min, mean over runs"].value == 0.5
+    untimed = {f.name for f in figures({**result, "settings": {"minutes": "None"}})}
+    assert not any("served at" in name for name in untimed)
+
+
+def test_an_earlier_file_is_refigured_from_its_runs_and_says_so(tmp_path, monkeypatch) -> None:
+    import json
+    import sys
+
+    from bench import learn
+
+    curve = {"pass_at_1": [0.25, 0.5], "promoted": [True], "ended_s": [0, 100],
+             "solved": {"t0": True, "t1": False}}  # fmt: skip
+    made = {"command": "x", "commit": "abc1234", "date": "2026-12-05T00:00:00Z"}
+    path = tmp_path / "learn.json"
+    runs = [{"arms": {"default": curve, "alone": curve}}] * 2
+    settings = {"reviewer": "None", "minutes": "9.0"}
+    path.write_text(json.dumps({"provenance": made, "figures": [], "settings": settings,
+                                "runs": runs}))  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--refigure", str(path)])
+    learn.main()
+    record = json.loads(path.read_text())
+    assert record["provenance"]["commit"] == "abc1234" and "refigured" in record["provenance"]
+    names = {f["name"] for f in record["figures"]}
+    assert "alone minus default, pass@1 served at 9 min (Welch over runs)" in names
+    path.write_text("{}")
+    with pytest.raises(SystemExit):
+        learn.main()

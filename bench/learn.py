@@ -258,18 +258,32 @@ def over_runs(result: dict[str, Any]) -> list[Figure]:
     """Per arm, the mean final pass@1 and rounds over runs; each arm against the first, Welch
     over runs."""
     arms = finals(result)
-    found = [Figure.mean(f"{arm}: final held-out pass@1, mean over runs", values,
-                         counts=whose(result, arm)) for arm, values in arms.items()]  # fmt: skip
-    for arm in arms:
-        rounds = [len(run["arms"][arm]["pass_at_1"]) - 1.0 for run in result["runs"]]
-        found.append(Figure.mean(f"{arm}: rounds in the time budget, mean over runs", rounds))
+    means, differences = compared(result, arms, "final held-out pass@1", "final pass@1")
+    rounds = [
+        Figure.mean(
+            f"{arm}: rounds in the time budget, mean over runs",
+            [len(run["arms"][arm]["pass_at_1"]) - 1.0 for run in result["runs"]],
+        )
+        for arm in arms
+    ]
+    return means + rounds + differences
+
+
+def compared(
+    result: dict[str, Any], arms: dict[str, list[float]], what: str, short: str
+) -> tuple[list[Figure], list[Figure]]:
+    """Each arm's mean of `what` over runs, and each arm's difference from the first arm's,
+    Welch over runs."""
+    means = [Figure.mean(f"{arm}: {what}, mean over runs", values, counts=whose(result, arm))
+             for arm, values in arms.items()]  # fmt: skip
     (first, base), *others = arms.items()
+    differences = []
     for arm, values in others:
         diff, low, high = welch_difference(values, base)
-        found.append(Figure(f"{arm} minus {first}, final pass@1 (Welch over runs)", diff,
-                            len(values) + len(base), low, high,
-                            counts=whose(result, arm, first)))  # fmt: skip
-    return found
+        differences.append(Figure(f"{arm} minus {first}, {short} (Welch over runs)", diff,
+                                  len(values) + len(base), low, high,
+                                  counts=whose(result, arm, first)))  # fmt: skip
+    return means, differences
 
 
 def served_at(curve: dict[str, Any], seconds: float) -> float:
@@ -295,15 +309,8 @@ def at_budget(result: dict[str, Any]) -> list[Figure]:
     for run in result["runs"]:
         for arm, curve in run["arms"].items():
             arms.setdefault(arm, []).append(served_at(curve, seconds))
-    found = [Figure.mean(f"{arm}: held-out pass@1 {label}, mean over runs", values,
-                         counts=whose(result, arm)) for arm, values in arms.items()]  # fmt: skip
-    (first, base), *others = arms.items()
-    for arm, values in others:
-        diff, low, high = welch_difference(values, base)
-        found.append(Figure(f"{arm} minus {first}, pass@1 {label} (Welch over runs)", diff,
-                            len(values) + len(base), low, high,
-                            counts=whose(result, arm, first)))  # fmt: skip
-    return found
+    means, differences = compared(result, arms, f"held-out pass@1 {label}", f"pass@1 {label}")
+    return means + differences
 
 
 def refigure(parser: argparse.ArgumentParser, path: Path) -> None:

@@ -291,7 +291,7 @@ def served_at(curve: dict[str, Any], seconds: float) -> float:
     `ended_s`, which its `--minutes` budget counts too): its last round promoted by then, else
     the base model."""
     served = curve["pass_at_1"][0]
-    ended = zip(curve["promoted"], curve["ended_s"][1:], curve["pass_at_1"][1:], strict=False)
+    ended = zip(curve["promoted"], curve["ended_s"][1:], curve["pass_at_1"][1:], strict=True)
     for promoted, ended_s, score in ended:
         if promoted and ended_s <= seconds and score is not None:
             served = score
@@ -332,7 +332,7 @@ def refigure(parser: argparse.ArgumentParser, path: Path) -> None:
 def print_over_runs(result: dict[str, Any]) -> None:
     if len(result["runs"]) < 2:
         return
-    for figure in over_runs(result) + at_budget(result):
+    for figure in figures(result):
         print(f"{figure.name}: {figure.value:+.3f} ({figure.low:+.3f} to {figure.high:+.3f})")
 
 

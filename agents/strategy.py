@@ -10,8 +10,9 @@
    forced parts are never trained. Should the answer call's prompt ever differ from what the
    strategy call produced, the strategy joins the masked prefix and only the answer is trained.
 3. A strategy line that the verifier already accepts as the answer is an answer, not a
-   strategy: the attempt keeps its tokens and reward, but records no strategy, so it is
-   neither shown to later attempts nor counted in the per-strategy statistics.
+   strategy, and an empty line is none: the attempt keeps its tokens and reward, but records
+   no strategy, so it is neither shown to later attempts nor counted in the per-strategy
+   statistics.
 4. Strategy reflection: the second half of a group sees the first half's strategies with their
    outcomes, failed ones first ("propose a different one"); those attempts are guided
    (context "strategies") and train as distill copies under the bare prompt.
@@ -112,7 +113,7 @@ async def strategy_attempt(
         generated_tokens=len(strategy.completion_token_ids) + len(action.completion_token_ids),
         reason=reason,
         **verdict.scores(),
-        strategy=None if stated else strategy.text.strip(),
+        strategy=None if stated else strategy.text.strip() or None,
         pivot_tokens=pivot,
         forced_spans=[_cue_span(sample, action, len(cue))] if exact else [],
     )

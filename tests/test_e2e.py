@@ -13,6 +13,7 @@ import anyio
 import httpx
 import pytest
 
+from agents import strategy
 from agents.collector import GroupSpec, Hooks, collect_groups
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
@@ -279,7 +280,12 @@ def test_sge_insights_and_outcome_shaping_through_the_cli(
         assert sum(count.values()) == 2, "each first attempt's answer counted once"
         for attempt in group.first_attempts:
             sample = attempt.sample
-            assert sample is not None and attempt.strategy is not None
+            assert sample is not None and sample.text.startswith(strategy.PREFIX)
+            said = sample.text.removeprefix(strategy.PREFIX)
+            if attempt.strategy is None:  # a random model may end the line at once: no strategy
+                assert not said.split("\n")[0].strip() or "states the answer" in attempt.reason
+            else:
+                assert said.lstrip().startswith(attempt.strategy)
             # Prompt, "Strategy:", the strategy, "Answer:", the answer: the server's own ids.
             assert attempt.pivot_tokens >= 1 and attempt.generated_tokens > 0
             assert len(sample.completion_token_ids) == len(sample.logprobs)

@@ -451,6 +451,16 @@ def test_a_strategy_that_states_the_answer_is_not_a_strategy() -> None:
         assert "Earlier strategies" not in attempt.messages[-1]["content"]
 
 
+def test_an_empty_strategy_line_is_no_strategy() -> None:
+    """A policy that ends the strategy line at once wrote no strategy: none is recorded, in
+    memory as in the store, and none is shown to the second wave."""
+    group = run_sge(sge_server([], [40], "\n"), group_size=4, reflect=True)
+    for attempt in group.first_attempts[:2]:
+        assert attempt.strategy is None and attempt.sample is not None
+    for attempt in group.first_attempts[2:]:
+        assert "Earlier strategies" not in attempt.messages[-1]["content"]
+
+
 def test_a_server_that_ran_another_prompt_fails_the_token_exactness_check() -> None:
     """The answer call is sent the strategy's ids; a server that ran other ids (a token added,
     say) makes the strategy masked context and only the answer trained, and says so."""

@@ -83,6 +83,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "sge": {"strategy": SGE},
     "sge+r3l": {"strategy": SGE, "retry": R3L},
     "sge+r3l+insights": {"strategy": SGE, "retry": R3L, "insights": True},
+    "demo": {"guided_fraction": 1.0},  # every slot shows the task set's worked example
+    "demo-half": {"guided_fraction": 0.5},  # EDGE's half-groups, the worked example as guidance
     "reviewer": {},  # the reviewer answering the tasks itself: what a user could pick instead
 }
 BY_REVIEWER = ("reviewer",)

@@ -15,7 +15,9 @@
    half-groups, SGE's strategy-first sampling and its second wave); RLTLDR's sequential
    attempts with judged insights (`agents.insight`); R3L's reflections and retries
    (`agents.reflection`); HeRL's hindsight revision of a group that all failed
-   (`agents.revision`), and NudgeRL's hinted attempts for such a group (`agents.nudge`).
+   (`agents.revision`), and NudgeRL's hinted attempts for such a group (`agents.nudge`). With
+   `own_examples`, the batch's `ExampleBook` (`agents.examples`) keeps the policy's verified
+   answers, and each group's guided slots show the nearest one as their worked example.
    Guided attempts keep the bare prompt's ids, as the server tokenised them, so training can
    distil them.
 """
@@ -31,6 +33,7 @@ import anyio
 from agents.attempt import bare_prompt_ids
 from agents.context import Messages, bare_messages
 from agents.errors import ServerUnavailable
+from agents.examples import ExampleBook
 from agents.insight import InsightBoard, sequential_attempts
 from agents.nudge import nudge
 from agents.policy import Endpoint
@@ -84,12 +87,13 @@ async def collect_groups(
     todo = [task for task in tasks if task.task_id not in skip]
     groups: list[Group] = []
     board = InsightBoard() if spec.settings.insights else None
+    examples = ExampleBook() if spec.settings.own_examples else None
 
     async def run_group(task: Task) -> None:
         try:
             with applied(spec.settings.guard):
                 group = await collect_group(
-                    policy, task, spec, limiter, board=board, reviewer=reviewer
+                    policy, task, spec, limiter, board=board, reviewer=reviewer, examples=examples
                 )
             if group.fault is not None:
                 raise TaskFault(group.fault)
@@ -149,8 +153,12 @@ async def collect_group(
     *,
     board: InsightBoard | None = None,
     reviewer: Endpoint | None = None,
+    examples: ExampleBook | None = None,
 ) -> Group:
     settings = spec.settings
+    if examples is not None and settings.example is None and settings.guided_slots():
+        if not is_episodic(task.taskset):
+            settings = settings.model_copy(update={"example": await examples.nearest(task)})
     bare = bare_messages(task, settings.system(task))
     reviewer = reviewer or policy
     if board is None:
@@ -168,7 +176,7 @@ async def collect_group(
         attempts += await nudge(policy, reviewer, task, bare, attempts, settings, limiter)
     if settings.revise.enabled and not is_episodic(task.taskset):
         attempts += await revise(policy, reviewer, task, bare, attempts, settings, limiter)
-    return Group(
+    group = Group(
         round_index=spec.round_index,
         purpose=spec.purpose,
         task_id=task.task_id,
@@ -178,6 +186,9 @@ async def collect_group(
         size=settings.group_size,
         attempts=attempts,
     )
+    if examples is not None:
+        examples.record(group)
+    return group
 
 
 async def _with_bare_ids(

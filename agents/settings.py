@@ -108,6 +108,12 @@ class CollectSettings(BaseModel):
         "max_chars are wrong unread",
     )
     lessons: tuple[str, ...] = ()  # library lessons for the guided slots, not the demo
+    own_examples: bool = Field(
+        False,
+        description="the guided slots show the policy's own verified answer to the most similar "
+        "task it already solved in the batch, instead of the task set's worked example",
+    )
+    example: tuple[str, str] | None = None  # the guided slots' example; None: the task set's
 
     @model_validator(mode="after")
     def _one_schedule(self) -> CollectSettings:

@@ -1,6 +1,7 @@
 """A group's slots: what each slot's prompt holds, and its first attempt.
 
-1. Guided half-groups: the first `guided_fraction` of the slots show a worked example, or the
+1. Guided half-groups: the first `guided_fraction` of the slots show a worked example (the
+   policy's own answer to a similar task when the batch keeps them, `agents.examples`), or the
    library's lessons for the task when it has some (EDGE); the other slots are bare, except that
    RLTLDR's sequential attempts may show the batch's insights, and SGE's second wave sees the
    first wave's strategies with their outcomes.
@@ -29,7 +30,7 @@ from agents.errors import PolicyError
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
 from agents.strategy import Prompt, reflection_note, strategy_attempt
-from memory.records import EXPERIENCE, INSIGHTS, Attempt, SamplingSettings
+from memory.records import EXPERIENCE, INSIGHTS, OWN_EXAMPLE, Attempt, SamplingSettings
 from verifiers.catalog import astart, is_episodic, worked_example
 from verifiers.errors import TaskFault
 from verifiers.task import Task
@@ -49,6 +50,9 @@ def conditioning(
         lessons = list(settings.lessons)
         held = Conditioning(context=EXPERIENCE, guidance="\n".join(lessons))
         return experience_messages(task, system, lessons), held
+    if index < settings.guided_slots() and settings.example:
+        held = Conditioning(context=OWN_EXAMPLE, guidance=demo_text(settings.example))
+        return demo_messages(task, system, settings.example), held
     if index < settings.guided_slots():
         example = worked_example(task.taskset)
         held = Conditioning(context="demo", guidance=demo_text(example))

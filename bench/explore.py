@@ -51,6 +51,7 @@ from typing import Any
 import anyio
 
 from agents.collector import GroupSpec, collect_group
+from agents.examples import ExampleBook
 from agents.insight import InsightBoard
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import (
@@ -85,6 +86,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "sge+r3l+insights": {"strategy": SGE, "retry": R3L, "insights": True},
     "demo": {"guided_fraction": 1.0},  # every slot shows the task set's worked example
     "demo-half": {"guided_fraction": 0.5},  # EDGE's half-groups, the worked example as guidance
+    "examples": {"guided_fraction": 1.0, "own_examples": True},  # the policy's own, nearest
+    "examples-half": {"guided_fraction": 0.5, "own_examples": True},
     "reviewer": {},  # the reviewer answering the tasks itself: what a user could pick instead
 }
 BY_REVIEWER = ("reviewer",)
@@ -247,6 +250,7 @@ async def run_method(
     reviewer = Endpoint(PolicyClient(reviewer_at[0]), reviewer_at[1]) if reviewer_at else None
     limiter = anyio.CapacityLimiter(args.concurrency)
     board = InsightBoard() if settings.insights else None
+    examples = ExampleBook() if settings.own_examples else None
     groups: dict[str, list[Group]] = {t.task_id: [] for t in tasks}
     finished: dict[str, list[float]] = {t.task_id: [] for t in tasks}  # seconds, per group
     spent = dict.fromkeys(groups, 0)
@@ -260,7 +264,7 @@ async def run_method(
         while spent[task.task_id] < budget:
             group = await collect_group(
                 Endpoint(client, model), task, GroupSpec(0, "train", settings), limiter,
-                board=board, reviewer=reviewer,
+                board=board, reviewer=reviewer, examples=examples,
             )  # fmt: skip
             groups[task.task_id].append(group)
             finished[task.task_id].append(time.monotonic() - started)

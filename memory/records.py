@@ -163,6 +163,7 @@ class PolicyVersion(Record):
 EXPERIENCE = "experience"  # a one-step attempt's context when library lessons were in its prompt
 STEP_LESSONS = "step_lessons"  # an episode's context when lessons were shown at its steps
 INSIGHTS = "insights"  # a first attempt's context when its batch's insights were in its prompt
+OWN_EXAMPLE = "own_example"  # a first attempt's context when its worked example was the policy's
 LIBRARY_CONTEXTS = (EXPERIENCE, STEP_LESSONS)  # the contexts that show library lessons
 
 

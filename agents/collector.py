@@ -155,10 +155,7 @@ async def collect_group(
     reviewer: Endpoint | None = None,
     examples: ExampleBook | None = None,
 ) -> Group:
-    settings = spec.settings
-    if examples is not None and settings.example is None and settings.guided_slots():
-        if not is_episodic(task.taskset):
-            settings = settings.model_copy(update={"example": await examples.nearest(task)})
+    settings = await _with_example(spec.settings, task, examples)
     bare = bare_messages(task, settings.system(task))
     reviewer = reviewer or policy
     if board is None:
@@ -189,6 +186,18 @@ async def collect_group(
     if examples is not None:
         examples.record(group)
     return group
+
+
+async def _with_example(
+    settings: CollectSettings, task: Task, examples: ExampleBook | None
+) -> CollectSettings:
+    """The settings with the batch's nearest own example for the guided slots, unless one was
+    planned (or there are no guided slots, or the task is an episode)."""
+    if examples is None or settings.example is not None:
+        return settings
+    if not settings.guided_slots() or is_episodic(task.taskset):
+        return settings
+    return settings.model_copy(update={"example": await examples.nearest(task)})
 
 
 async def _with_bare_ids(

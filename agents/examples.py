@@ -8,10 +8,10 @@ most similar task it has already solved: the experience is the policy's, and so 
 1. `ExampleBook` is one batch's shared state: the newest verified answer of each solved task
    (at most `capacity` tasks, the oldest dropped first), written by the policy itself (a bare or
    guided first attempt; never a reviewer's revision, a nudged or a retried attempt).
-2. Nearest: the solved task whose question has the closest shape (numbers stand as `#`, then
-   difflib's ratio), ties to the newest. Never the task itself, and never an answer the
-   verifier accepts for this task (checked as strategies and hints are): an example shows how,
-   not what.
+2. Nearest: the solved task of the same task set whose question has the closest shape
+   (numbers stand as `#`, then difflib's ratio), ties to the newest. Never the task itself,
+   and never an answer the verifier accepts for this task (checked as strategies and hints
+   are): an example shows how, not what.
 3. With no such example the guided slots show the task set's worked example (`agents.slots`).
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from memory.records import Group
@@ -26,6 +27,15 @@ from verifiers.catalog import averify
 from verifiers.task import Task
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Example:
+    """A solved task of a task set, and the policy's verified answer to it."""
+
+    taskset: str
+    question: str
+    answer: str
 
 
 def shape(question: str) -> str:
@@ -38,7 +48,7 @@ class ExampleBook:
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
-        self._solved: OrderedDict[str, tuple[str, str]] = OrderedDict()  # task id -> (q, a)
+        self._solved: OrderedDict[str, Example] = OrderedDict()  # by task id, oldest first
 
     def __len__(self) -> int:
         return len(self._solved)
@@ -49,20 +59,26 @@ class ExampleBook:
         if not own or not own[-1].text.strip():
             return
         self._solved.pop(group.task_id, None)
-        self._solved[group.task_id] = (group.question, own[-1].text.strip())
+        self._solved[group.task_id] = Example(group.taskset, group.question, own[-1].text.strip())
         while len(self._solved) > self.capacity:
             self._solved.popitem(last=False)
 
     async def nearest(self, task: Task) -> tuple[str, str] | None:
         """The most similar other solved task's question and answer, or None (docstring, 2)."""
         target = shape(task.question)
-        newest_first = [e for k, e in reversed(self._solved.items()) if k != task.task_id]
+        newest_first = [
+            example
+            for key, example in reversed(self._solved.items())
+            if key != task.task_id and example.taskset == task.taskset
+        ]
         ranked = sorted(  # stable: among equally close examples the newest comes first
             newest_first,
-            key=lambda example: SequenceMatcher(None, target, shape(example[0])).ratio(),
+            key=lambda example: SequenceMatcher(None, target, shape(example.question)).ratio(),
             reverse=True,
         )
-        for question, answer in ranked:
-            if question != task.question and not (await averify(task, answer)).correct:
-                return question, answer
+        for example in ranked:
+            if example.question == task.question:
+                continue
+            if not (await averify(task, example.answer)).correct:
+                return example.question, example.answer
         return None

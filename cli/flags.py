@@ -36,6 +36,7 @@ FLAGGED = (
     "gate.held_out_share",
     "collect.temperature",
     "collect.guided_fraction",
+    "collect.own_examples",
     "collect.strategy.enabled",
     "collect.retry.enabled",
     "collect.retry.reflection",

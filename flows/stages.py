@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from agents import ruler
 from agents.errors import PolicyError, ServerUnavailable
+from agents.examples import ExampleBook
 from agents.outcome import OutcomeSettings
 from agents.policy import Endpoint, PolicyClient
 from agents.settings import CollectSettings
@@ -81,7 +82,8 @@ async def collect(
     with store.transaction(db) as session:
         done = {g.task_id for g in store.load_groups(session, purpose, round_index, version)}
     todo = [t for t in tasks if t.task_id not in done]
-    plan = _planner(settings, db, purpose, sampling, shaping)
+    examples = await own_examples(db, todo, sampling) if purpose == "train" else {}
+    plan = _planner(settings, db, purpose, sampling, shaping, examples)
     with store.transaction(db) as session:
         workqueue.enqueue(session, worker.plan_items(batch, todo, plan))
         workqueue.requeue_failed(session, batch)  # a re-run gives them another chance
@@ -123,16 +125,42 @@ async def collect(
     return [g for g in groups if g.task_id in wanted]
 
 
+async def own_examples(
+    db: Engine, tasks: list[Task], sampling: CollectSettings
+) -> dict[str, tuple[str, str]]:
+    """With `own_examples` on, each task's worked example: the policy's own verified answer to
+    the nearest task it solved in earlier rounds (`agents.examples`); tasks with none are
+    shown the task set's."""
+    if not (sampling.own_examples and sampling.guided_slots()):
+        return {}
+    book = ExampleBook()
+    with store.transaction(db) as session:
+        for group in store.load_groups(session, "train"):  # oldest first: the book keeps the newest
+            book.record(group)
+    found = {task.task_id: await book.nearest(task) for task in tasks}
+    log.info(
+        "own examples: %d of %d tasks shown one", sum(bool(e) for e in found.values()), len(tasks)
+    )
+    return {task_id: example for task_id, example in found.items() if example is not None}
+
+
 def _planner(
     settings: RunSettings,
     db: Engine,
     purpose: GroupPurpose,
     sampling: CollectSettings,
     shaping: OutcomeSettings | None,
+    examples: dict[str, tuple[str, str]],
 ) -> Callable[[Task], worker.Plan]:
-    """How each task is collected; with the library on, train tasks get its lessons."""
+    """How each task is collected; train tasks get their own example when there is one, and
+    the library's lessons when it is on."""
+
+    def sampled(task: Task) -> CollectSettings:
+        example = examples.get(task.task_id)
+        return sampling if example is None else sampling.model_copy(update={"example": example})
+
     if not (settings.library.enabled and purpose == "train"):
-        return lambda task: worker.Plan(task=task, sampling=sampling, outcome=shaping)
+        return lambda task: worker.Plan(task=task, sampling=sampled(task), outcome=shaping)
     with store.transaction(db) as session:
         stored = library.lessons(session)
         vectors = library.embeddings(session, [lesson.id for lesson in stored])
@@ -143,7 +171,7 @@ def _planner(
         lessons = tuple(hit.lesson.text for hit in hits)
         return worker.Plan(
             task=task,
-            sampling=sampling.model_copy(update={"lessons": lessons}),
+            sampling=sampled(task).model_copy(update={"lessons": lessons}),
             outcome=shaping,
             experience_ids=[hit.lesson.id for hit in hits],
             similarities=[hit.score for hit in hits],

@@ -48,7 +48,7 @@ def test_the_book_keeps_the_policys_own_verified_answers_newest_last() -> None:
     assert anyio.run(nearest) in {(t.question, f"<answer>{t.answer}</answer>") for t in (b, c)}
 
 
-def test_nearest_is_the_closest_shape_never_the_task_itself_nor_its_answer() -> None:
+def test_nearest_is_the_closest_shape_of_the_task_set_never_the_task_nor_its_answer() -> None:
     by_shape: dict[str, list[Task]] = {}
     for task in TASKS:
         by_shape.setdefault(shape(task.question), []).append(task)
@@ -66,6 +66,9 @@ def test_nearest_is_the_closest_shape_never_the_task_itself_nor_its_answer() -> 
     leaky = ExampleBook()  # an example whose answer the verifier accepts here shows what, not how
     leaky.record(solved(twin, f"<answer>{target.answer}</answer>"))
     assert anyio.run(nearest, leaky) is None
+    elsewhere = ExampleBook()  # another task set's answer is never shown
+    elsewhere.record(solved(twin, "working").model_copy(update={"taskset": "chain_sum"}))
+    assert anyio.run(nearest, elsewhere) is None
 
 
 def test_a_batch_shows_later_groups_the_policys_own_answers() -> None:
@@ -99,3 +102,33 @@ def test_a_batch_shows_later_groups_the_policys_own_answers() -> None:
         (attempt,) = group.attempts
         assert attempt.messages[1]["content"] != group.question
         assert attempt.bare_prompt_token_ids == [1, 2] and attempt.distillable
+
+
+def test_a_round_plans_each_task_the_nearest_answer_stored_in_earlier_rounds(
+    db_url: str,
+) -> None:
+    """`flywheel run --own-examples 1`: the planner reads earlier rounds' groups from the store;
+    a task gets the nearest stored answer as its guided slots' example, and nothing is planned
+    when the switch is off or no group has one."""
+    from flows.stages import _planner, own_examples
+    from flows.settings import RunSettings
+    from memory import store
+
+    earlier, later = TASKS[:6], TASKS[6:12]
+    engine = store.open_store(db_url)
+    with store.transaction(engine) as session:
+        for task in earlier:
+            store.save_group(session, solved(task, f"<answer>{task.answer}</answer>"))
+    on = CollectSettings(guided_fraction=0.5, own_examples=True)
+
+    async def planned(sampling: CollectSettings) -> dict[str, tuple[str, str]]:
+        return await own_examples(engine, later, sampling)
+
+    examples = anyio.run(planned, on)
+    assert examples and set(examples) <= {t.task_id for t in later}
+    assert {q for q, _ in examples.values()} <= {t.question for t in earlier}
+    plan = _planner(RunSettings(), engine, "train", on, None, examples)
+    task = next(t for t in later if t.task_id in examples)
+    assert plan(task).sampling.example == examples[task.task_id]
+    assert plan(task).conditioning().sampling["example"] == list(examples[task.task_id])
+    assert anyio.run(planned, on.model_copy(update={"own_examples": False})) == {}

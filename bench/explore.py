@@ -25,6 +25,10 @@ against those plain sampling had solved after as many seconds. Plain sampling ru
 token budget (`--plain-stretch` times it) so that its clock outlasts the methods'; its figures
 at the token budget are read from the same run.
 
+`demo` shows every slot the task set's worked example; `examples` shows each group the
+policy's own verified answer to the most similar task it had solved by then (`agents.examples`),
+the worked example until it has one; the `-half` variants guide half of each group (EDGE's).
+
 The `reviewer` method is the reviewer answering the tasks itself, plain sampling on its own
 server: the baseline a user would pick instead of any method that uses it. Its successes are the
 reviewer's, and its figures say so.

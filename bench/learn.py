@@ -139,10 +139,12 @@ ON_TOP: dict[str, dict[str, Any]] = {
     "library": {"library.enabled": True, "collect.insights": True},
     "outcome": {"outcome.bonus": 0.1, "outcome.repeat_penalty": 0.1},
     "nudge": {"collect.nudge": True},
+    "examples": {"collect.own_examples": True},  # the guided half shown the policy's own answers
 }
 ARMS["default"] = DEFAULT
 ARMS |= {f"default+{name}": {**DEFAULT, **extra} for name, extra in ON_TOP.items()}
 ARMS["alone"] = {}  # the policy alone: `make run REVIEWER=`
+ARMS["examples"] = {"collect.own_examples": True}  # the policy alone, with its own examples
 # the arms a reviewer serves: those that reflect, revise or nudge
 REVIEWED = tuple(
     arm

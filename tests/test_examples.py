@@ -10,6 +10,9 @@ from agents.collector import GroupSpec, collect_group
 from agents.examples import ExampleBook, shape
 from agents.policy import Endpoint
 from agents.settings import CollectSettings
+from flows.settings import RunSettings
+from flows.stages import _planner, own_examples
+from memory import store
 from memory.records import OWN_EXAMPLE, Group
 from tests.helpers import client_for, make_group, scripted
 from verifiers.reasoning import train_tasks
@@ -110,10 +113,6 @@ def test_a_round_plans_each_task_the_nearest_answer_stored_in_earlier_rounds(
     """`flywheel run --own-examples 1`: the planner reads earlier rounds' groups from the store;
     a task gets the nearest stored answer as its guided slots' example, and nothing is planned
     when the switch is off or no group has one."""
-    from flows.stages import _planner, own_examples
-    from flows.settings import RunSettings
-    from memory import store
-
     earlier, later = TASKS[:6], TASKS[6:12]
     engine = store.open_store(db_url)
     with store.transaction(engine) as session:

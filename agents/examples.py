@@ -11,7 +11,7 @@ most similar task it has already solved: the experience is the policy's, and so 
 2. Nearest: the solved task of the same task set whose question has the closest shape
    (numbers stand as `#`, then difflib's ratio), ties to the newest. Never the task itself,
    and never an answer the verifier accepts for this task (checked as strategies and hints
-   are): an example shows how, not what.
+   are; an example the check cannot be made on is passed by): an example shows how, not what.
 3. With no such example the guided slots show the task set's worked example (`agents.slots`).
 """
 
@@ -24,6 +24,7 @@ from difflib import SequenceMatcher
 
 from memory.records import Group
 from verifiers.catalog import averify
+from verifiers.errors import TaskFault
 from verifiers.task import Task
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -79,6 +80,10 @@ class ExampleBook:
         for example in ranked:
             if example.question == task.question:
                 continue
-            if not (await averify(task, example.answer)).correct:
+            try:
+                leaks = (await averify(task, example.answer)).correct
+            except TaskFault:  # the check could not be made: pass this example by
+                continue
+            if not leaks:
                 return example.question, example.answer
         return None

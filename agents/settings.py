@@ -111,7 +111,8 @@ class CollectSettings(BaseModel):
     own_examples: bool = Field(
         False,
         description="the guided slots show the policy's own verified answer to the most similar "
-        "task it already solved in the batch, instead of the task set's worked example",
+        "task it already solved (in earlier rounds, or earlier in the batch), instead of the "
+        "task set's worked example",
     )
     example: tuple[str, str] | None = None  # the guided slots' example; None: the task set's
 

@@ -74,6 +74,23 @@ def test_nearest_is_the_closest_shape_of_the_task_set_never_the_task_nor_its_ans
     assert anyio.run(nearest, elsewhere) is None
 
 
+def test_an_example_the_leak_check_cannot_verify_is_passed_by(monkeypatch) -> None:
+    from agents import examples
+    from verifiers.errors import TaskFault
+
+    async def hung(task: Task, completion: str) -> None:
+        raise TaskFault("task set 'arithmetic': verify ran past its deadline")
+
+    monkeypatch.setattr(examples, "averify", hung)
+    book = ExampleBook()
+    book.record(solved(TASKS[1], "working"))
+
+    async def nearest() -> tuple[str, str] | None:
+        return await book.nearest(TASKS[0])
+
+    assert anyio.run(nearest) is None
+
+
 def test_a_batch_shows_later_groups_the_policys_own_answers() -> None:
     """One group after another: the first sees the task set's worked example, later ones the
     answer the policy verified on an earlier task, recorded as their own context."""

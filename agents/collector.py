@@ -192,10 +192,8 @@ async def _with_example(
     settings: CollectSettings, task: Task, examples: ExampleBook | None
 ) -> CollectSettings:
     """The settings with the batch's nearest own example for the guided slots, unless one was
-    planned (or there are no guided slots, or the task is an episode)."""
-    if examples is None or settings.example is not None:
-        return settings
-    if not settings.guided_slots() or is_episodic(task.taskset):
+    planned or there are no guided slots."""
+    if examples is None or settings.example is not None or not settings.guided_slots():
         return settings
     return settings.model_copy(update={"example": await examples.nearest(task)})
 

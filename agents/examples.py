@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 
 from memory.records import Group
-from verifiers.catalog import averify
+from verifiers.catalog import averify, is_episodic
 from verifiers.errors import TaskFault
 from verifiers.task import Task
 
@@ -66,6 +66,8 @@ class ExampleBook:
 
     async def nearest(self, task: Task) -> tuple[str, str] | None:
         """The most similar other solved task's question and answer, or None (docstring, 2)."""
+        if is_episodic(task.taskset):  # an episode's guided slots see lessons, not an example
+            return None
         target = shape(task.question)
         newest_first = [
             example

@@ -50,12 +50,10 @@ def conditioning(
         lessons = list(settings.lessons)
         held = Conditioning(context=EXPERIENCE, guidance="\n".join(lessons))
         return experience_messages(task, system, lessons), held
-    if index < settings.guided_slots() and settings.example:
-        held = Conditioning(context=OWN_EXAMPLE, guidance=demo_text(settings.example))
-        return demo_messages(task, system, settings.example), held
     if index < settings.guided_slots():
-        example = worked_example(task.taskset)
-        held = Conditioning(context="demo", guidance=demo_text(example))
+        example = settings.example or worked_example(task.taskset)
+        context = OWN_EXAMPLE if settings.example else "demo"
+        held = Conditioning(context=context, guidance=demo_text(example))
         return demo_messages(task, system, example), held
     if insights:
         held = Conditioning(context=INSIGHTS, guidance="\n".join(insights))

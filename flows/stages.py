@@ -138,10 +138,9 @@ async def own_examples(
         for group in store.load_groups(session, "train"):  # oldest first: the book keeps the newest
             book.record(group)
     found = {task.task_id: await book.nearest(task) for task in tasks}
-    log.info(
-        "own examples: %d of %d tasks shown one", sum(bool(e) for e in found.values()), len(tasks)
-    )
-    return {task_id: example for task_id, example in found.items() if example is not None}
+    shown = {task_id: example for task_id, example in found.items() if example is not None}
+    log.info("own examples: %d of %d tasks shown one", len(shown), len(tasks))
+    return shown
 
 
 def _planner(

@@ -30,9 +30,10 @@ test-slow: model
 	$(VENV)/bin/flywheel prepare-model --model tiny
 	$(call pytest,slow)
 
-# pytest on a marker expression; exit code 5 (no test selected) is not a failure.
+# pytest on a marker expression, naming its slowest tests; exit code 5 (no test selected) is not
+# a failure.
 define pytest
-	$(VENV)/bin/pytest -m "$(1)" $(PYTEST_ARGS); rc=$$?; \
+	$(VENV)/bin/pytest -m "$(1)" --durations=12 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 endef
 

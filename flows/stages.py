@@ -135,7 +135,7 @@ async def own_examples(
         return {}
     book = ExampleBook()
     with store.transaction(db) as session:
-        for group in store.load_groups(session, "train"):  # oldest first: the book keeps the newest
+        for group in store.solved_groups(session, "train", book.capacity):  # oldest first
             book.record(group)
     found = {task.task_id: await book.nearest(task) for task in tasks}
     shown = {task_id: example for task_id, example in found.items() if example is not None}

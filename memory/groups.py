@@ -23,6 +23,7 @@ from memory.models import (
     VerdictRow,
 )
 from memory.records import (
+    FIRST_KINDS,
     FULL_REWARD,
     Group,
     GroupPurpose,
@@ -56,6 +57,23 @@ def load_groups(
         query = query.filter_by(complete=True)
     rows = session.scalars(query.options(*ATTEMPT_PARTS))
     return [group_record(row) for row in rows]
+
+
+def solved_groups(session: Session, purpose: GroupPurpose, limit: int) -> list[Group]:
+    """The newest `limit` groups of a purpose that one of their first attempts solved, oldest
+    first: what a policy's own examples are drawn from, however long the history."""
+    solved = select(AttemptRow.group_id).where(
+        AttemptRow.kind.in_(FIRST_KINDS), AttemptRow.correct.is_(True)
+    )
+    query = (
+        select(RolloutGroupRow)
+        .filter_by(purpose=purpose)
+        .where(RolloutGroupRow.id.in_(solved))
+        .order_by(RolloutGroupRow.id.desc())
+        .limit(limit)
+    )
+    rows = list(session.scalars(query.options(*ATTEMPT_PARTS)))
+    return [group_record(row) for row in reversed(rows)]
 
 
 def groups_by_id(session: Session, group_ids: list[int]) -> list[Group]:

@@ -30,6 +30,7 @@ from memory.groups import (
     record_feedback,
     record_session_feedback,
     set_advantages,
+    solved_groups,
 )
 from memory.ingest import (
     save_group,
@@ -86,6 +87,7 @@ __all__ = [
     "groups_by_id",
     "lineage",
     "load_groups",
+    "solved_groups",
     "next_round_index",
     "open_store",
     "shared_engine",

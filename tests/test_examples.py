@@ -148,3 +148,22 @@ def test_a_round_plans_each_task_the_nearest_answer_stored_in_earlier_rounds(
     assert plan(task).sampling.example == examples[task.task_id]
     assert plan(task).conditioning().sampling["example"] == list(examples[task.task_id])
     assert anyio.run(planned, on.model_copy(update={"own_examples": False})) == {}
+
+
+def test_the_store_hands_over_only_the_newest_solved_groups(db_url: str) -> None:
+    """The planner's examples come from the newest groups a first attempt solved, so its reads
+    stay bounded however many rounds the store holds."""
+    a, b, c, d = TASKS[:4]
+    engine = store.open_store(db_url)
+    with store.transaction(engine) as session:
+        store.save_group(session, solved(a, "<answer>1</answer>"))
+        store.save_group(session, solved(b, "x", reward=0.0, correct=False))
+        store.save_group(session, solved(c, "y", kind="retry"))  # solved, but not at first
+        store.save_group(session, solved(d, "<answer>2</answer>"))
+    with store.transaction(engine) as session:
+        assert [g.task_id for g in store.solved_groups(session, "train", 8)] == [
+            a.task_id,
+            d.task_id,
+        ]
+        assert [g.task_id for g in store.solved_groups(session, "train", 1)] == [d.task_id]
+        assert store.solved_groups(session, "eval", 8) == []

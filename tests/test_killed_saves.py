@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import random
 import re
+import select
 import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,29 +50,52 @@ def test_kills_inside_saves_resume_from_the_last_whole_save(
 ) -> None:
     rng = random.Random(7)
     kills, rounds, resumes = 0, 0, 0
-    while kills < KILLS:
-        name = f"policy-r{rounds}"
-        work = tmp_path / ".rounds" / name
-        expected = newest_whole(work)
-        kill_at = rng.randint(1, 24)
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.killed_save", str(tmp_path), str(tiny_model_path),
-             name, str(kill_at), str(rng.randint(0, 10**6))],
-            capture_output=True, text=True, cwd=ROOT, timeout=300,
-        )  # fmt: skip
-        resumed = re.search(r"resuming round \S+ from (checkpoint-\d+)", done.stderr)
-        assert (resumed.group(1) if resumed else None) == expected, done.stderr[-2000:]
-        resumes += resumed is not None
-        published = tmp_path / name
-        assert not published.exists() or folders.is_complete(published)
-        if done.returncode == -9:
-            kills += 1
-            continue
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert folders.is_complete(published) and whole_adapter(published)
-        rounds += 1  # published: the next kills go into a new round
-        shutil.rmtree(tmp_path / ".rounds", ignore_errors=True)
+    with trainer(tmp_path, tiny_model_path) as train:
+        while kills < KILLS:
+            name = f"policy-r{rounds}"
+            expected = newest_whole(tmp_path / ".rounds" / name)
+            code, log = train(name, rng.randint(1, 24), rng.randint(0, 10**6))
+            resumed = re.search(r"resuming round \S+ from (checkpoint-\d+)", log)
+            assert (resumed.group(1) if resumed else None) == expected, log[-2000:]
+            resumes += resumed is not None
+            published = tmp_path / name
+            assert not published.exists() or folders.is_complete(published)
+            if code == -9:
+                kills += 1
+                continue
+            assert code == 0, log[-2000:]
+            assert folders.is_complete(published) and whole_adapter(published)
+            rounds += 1  # published: the next kills go into a new round
+            shutil.rmtree(tmp_path / ".rounds", ignore_errors=True)
     assert resumes >= 5  # most kills left a whole save to resume from
+
+
+@contextmanager
+def trainer(root: Path, model: Path) -> Iterator[Callable[[str, int, int], tuple[int, str]]]:
+    """`tests.killed_save`'s process: each call trains one round in a child of its own, killed
+    at the given write; the child's exit code and output."""
+    logs = root / "logs"
+    logs.mkdir()
+    command = [sys.executable, "-m", "tests.killed_save", str(root), str(model)]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    def train(name: str, kill_at: int, seed: int) -> tuple[int, str]:
+        log = logs / f"{len(list(logs.iterdir()))}.log"
+        stdin.write(f"{name} {kill_at} {seed} {log}\n")
+        stdin.flush()
+        ready, _, _ = select.select([stdout], [], [], 300)
+        assert ready, f"no round ended in 300 s: {log.read_text()[-2000:]}"
+        return int(stdout.readline()), log.read_text()
+
+    try:
+        yield train
+    finally:
+        stdin.close()
+        process.wait(timeout=60)
 
 
 def whole_adapter(folder: Path) -> bool:

@@ -94,11 +94,11 @@ def _start(servers: contextlib.ExitStack, settings: list[Any]) -> list[str]:
     """Start model servers and supervise them until `servers` closes; their URLs. Every server
     is launched before any is waited on, so servers side by side (each on cores of its own)
     start together. A server that stays down ends the run with its log's last lines."""
-    from serving.server import VllmServer
+    from serving.server import VllmServer, close_together
 
     started = [VllmServer(each) for each in settings]
+    servers.callback(close_together, started)
     for server in started:
-        servers.callback(server.close)
         server.launch()
     for server in started:
         server.wait_healthy()

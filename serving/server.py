@@ -73,6 +73,7 @@ class ServerSettings(BaseModel):
     api_key: str | None = None  # its own key (`serving.access`); None: /v1 is open
     startup_timeout_s: float = 300.0
     probe_timeout_s: float = 15.0
+    stop_grace_s: float = 30.0  # from SIGTERM to SIGKILL (a server still starting may not act)
     log_path: Path = Path(".flywheel/logs/vllm.log")
 
     @property
@@ -237,15 +238,23 @@ class VllmServer:
 
     def stop(self) -> None:
         """Stop the server's whole process group and wait until its port is free again."""
+        self._reap(self._terminate())
+
+    def _terminate(self) -> subprocess.Popen[bytes] | None:
+        """Ask the server's process group to stop, without waiting; its process, if any."""
         process, self._process = self._process, None
         self._generated = self._cpu = None  # the next server is a new process group
-        if process is None:
-            return
-        if process.poll() is None:
+        if process is not None and process.poll() is None:
             _signal_group(process.pid, signal.SIGCONT)  # a stopped group cannot act on SIGTERM
             _signal_group(process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=30)
+        return process
+
+    def _reap(self, process: subprocess.Popen[bytes] | None) -> None:
+        """Wait out the grace period, kill what is left of the group, wait for the port."""
+        if process is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=self.settings.stop_grace_s)
         _signal_group(process.pid, signal.SIGKILL)  # engine workers that outlived the server
         if process.poll() is None:
             process.wait()
@@ -336,6 +345,15 @@ assert isinstance(authenticate.GUARDED_PREFIX, tuple), "vLLM's key guard has mov
 authenticate.GUARDED_PREFIX = ("/",)
 runpy.run_module("{API_SERVER}", run_name="__main__", alter_sys=True)
 """
+
+
+def close_together(servers: list[VllmServer]) -> None:
+    """Close servers side by side: each is told to stop before any is waited on, so a run with
+    a reviewer stops in one grace period, not one per server."""
+    for server in servers:
+        server._closing.set()  # a restart under way gives up
+    for server, process in [(server, server._terminate()) for server in servers]:
+        server._reap(process)
 
 
 def tools_template(model_path: Path) -> Path | None:

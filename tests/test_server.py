@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from serving.errors import ServingError
-from serving.server import ServerSettings, VllmServer, ensure_port_free
+from serving.server import ServerSettings, VllmServer, close_together, ensure_port_free
 
 
 def settings(tmp_path: Path, python: Path, port: int = 1) -> ServerSettings:
@@ -141,3 +141,48 @@ def test_a_server_that_computes_without_answering_is_busy_and_one_that_idles_is_
         assert server.alive() is alive
     finally:
         server.close()
+
+
+def test_servers_side_by_side_are_told_to_stop_before_either_is_waited_on(
+    tmp_path: Path,
+) -> None:
+    """Two servers that ignore SIGTERM (as vLLM may while it starts): the second is told to stop
+    while the first still waits out its grace period, so they stop in one period, not two."""
+    servers = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        script = folder / "fake.py"
+        script.write_text(
+            "import os, pathlib, signal, time\n"
+            f"root = pathlib.Path({str(tmp_path)!r})\n"
+            f"(root / '{name}.pid').write_text(str(os.getpid()))\n"
+            "def told(*_):\n"
+            "    other = int((root / 'a.pid').read_text())\n"
+            "    alive = other != os.getpid() and os.path.exists(f'/proc/{other}')\n"
+            f"    (root / '{name}.told').write_text('a alive' if alive else '-')\n"
+            "signal.signal(signal.SIGTERM, told)\n"
+            "while True:\n"
+            "    time.sleep(0.1)\n"
+        )
+        fake = folder / "python"
+        fake.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
+        fake.chmod(0o755)
+        each = settings(folder, fake, _free_port()).model_copy(update={"stop_grace_s": 1.0})
+        servers.append(VllmServer(each))
+    for server in servers:
+        server.launch()
+    for name in ("a", "b"):
+        _wait_for(tmp_path / f"{name}.pid")
+    close_together(servers)
+    assert (tmp_path / "a.told").read_text() == "-"
+    assert (tmp_path / "b.told").read_text() == "a alive", "b was told only after a was killed"
+    for name in ("a", "b"):
+        assert not os.path.exists(f"/proc/{(tmp_path / f'{name}.pid').read_text()}")
+
+
+def _wait_for(path: Path, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)

@@ -432,7 +432,7 @@ def test_a_reviewer_to_serve_and_a_running_one_exclude_each_other(tmp_path: Path
 
 def test_servers_side_by_side_are_all_launched_before_any_is_waited_on(monkeypatch) -> None:
     """The policy's and the reviewer's servers start together: a run with a reviewer waits for
-    the slower start, not for both in a row; both are closed with the run."""
+    the slower start, not for both in a row; both are closed together with the run."""
     import contextlib
 
     from cli import launch
@@ -450,20 +450,21 @@ def test_servers_side_by_side_are_all_launched_before_any_is_waited_on(monkeypat
         def wait_healthy(self) -> None:
             calls.append(f"wait {self.name}")
 
-        def close(self) -> None:
-            calls.append(f"close {self.name}")
-
         @contextlib.contextmanager
         def supervised(self):
             yield
 
+    def close_together(started: list[Recording]) -> None:
+        calls.append("close " + " and ".join(each.name for each in started))
+
     monkeypatch.setattr(server, "VllmServer", Recording)
+    monkeypatch.setattr(server, "close_together", close_together)
     with contextlib.ExitStack() as servers:
         urls = launch._start(servers, ["policy", "reviewer"])
     assert urls == ["http://policy", "http://reviewer"]
     assert calls == [
         "launch policy", "launch reviewer", "wait policy", "wait reviewer",
-        "close reviewer", "close policy",
+        "close policy and reviewer",
     ]  # fmt: skip
 
 

@@ -114,8 +114,7 @@ class VllmServer:
 
     def close(self) -> None:
         """Stop for good: a restart under way (the supervisor's) gives up."""
-        self._closing.set()
-        self.stop()
+        close_together([self])
 
     def start(self) -> None:
         """Launch the server and wait until it generates."""

@@ -8,13 +8,12 @@ import os
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import isolated
+from tests.helpers import isolated, wait_until
 from verifiers.sandbox import (
     UID_BASE,
     UID_RANGE,
@@ -44,10 +43,7 @@ def nothing_left_behind() -> Iterator[None]:
     """No sandbox process outlives its run: a killed one's zombie may take a moment to be
     reaped by its parent (init, once reparented), so the check waits up to 5 s for that."""
     yield
-    deadline = time.monotonic() + 5.0
-    while (left := sandbox_processes()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left == []
+    wait_until(lambda: not sandbox_processes(), 5.0, lambda: f"left: {sandbox_processes()}")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 
 from serving.errors import ServingError
 from serving.server import ServerSettings, VllmServer, close_together, ensure_port_free
+from tests.helpers import wait_until
 
 
 def settings(tmp_path: Path, python: Path, port: int = 1) -> ServerSettings:
@@ -172,17 +173,10 @@ def test_servers_side_by_side_are_told_to_stop_before_either_is_waited_on(
         servers.append(VllmServer(each))
     for server in servers:
         server.launch()
-    for name in ("a", "b"):
-        _wait_for(tmp_path / f"{name}.pid")
+    pids = [tmp_path / "a.pid", tmp_path / "b.pid"]
+    wait_until(lambda: all(p.exists() for p in pids), 20.0, lambda: "a fake server never started")
     close_together(servers)
     assert (tmp_path / "a.told").read_text() == "-"
     assert (tmp_path / "b.told").read_text() == "a alive", "b was told only after a was killed"
     for name in ("a", "b"):
         assert not os.path.exists(f"/proc/{(tmp_path / f'{name}.pid').read_text()}")
-
-
-def _wait_for(path: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)

@@ -48,13 +48,16 @@ falls on all, and compares each arm's final pass@1 with the first arm's, Welch o
 A round may end past the budget, and an arm whose rounds are long may stop well before it, so
 with `--minutes` the arms are also compared at the same instant: by the version each served
 when the budget ran out (its last round promoted by then), Welch over runs.
-`--refigure P` recomputes the figures of an earlier results file from its runs.
+`--refigure P` recomputes the figures of an earlier results file from its runs; `--merge P Q
+--json R` puts the runs of files measured with the same arms and settings, on the same kind of
+machine, into one (R's provenance is P's, and names the runs added).
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
         [--reviewer NAME] [--keep DIR] [--json P] [--png P]
     .venv/bin/python -m bench.learn --refigure P
+    .venv/bin/python -m bench.learn --merge P Q [...] --json R
 """
 
 from __future__ import annotations
@@ -180,9 +183,23 @@ def main() -> None:
         metavar="JSON",
         help="instead: recompute an earlier results file's figures from its runs",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="instead: the runs of earlier results files of the same arms and settings, in one "
+        "file (--json)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
     args = parser.parse_args()
+    if args.merge:
+        if args.json is None:
+            parser.error("--merge writes its result to --json PATH")
+        merge(parser, args.merge, args.json)
+        return
     if args.pair:
         print_pairs(paired({spec: _arm_of(parser, spec) for spec in args.pair}))
         return
@@ -318,17 +335,63 @@ def at_budget(result: dict[str, Any]) -> list[Figure]:
 def refigure(parser: argparse.ArgumentParser, path: Path) -> None:
     """Rewrite `path`'s figures from its runs with today's accounting; its provenance (the run
     that measured them) stays, and says when the figures were recomputed."""
-    try:
-        record = json.loads(path.read_text())
-        made = record.pop("provenance")
-        del record["figures"]
-        found = figures(record)
-    except (OSError, ValueError, KeyError) as exc:
-        parser.error(f"--refigure {path}: not a learning benchmark's results ({exc!r})")
+    record = _read_result(parser, "--refigure", path)
+    made = record.pop("provenance")
+    record.pop("figures", None)
+    found = figures(record)
     now = provenance()
     made["refigured"] = {"commit": now["commit"], "date": now["date"]}
     write_results(path, record, made, found)
     print_over_runs(record)
+
+
+def _read_result(parser: argparse.ArgumentParser, flag: str, path: Path) -> dict[str, Any]:
+    """An earlier results file of this benchmark, or one line saying why `path` is not one."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        parser.error(f"{flag} {path}: cannot read it ({exc})")
+    if not isinstance(record, dict) or not {"provenance", "settings", "runs"} <= record.keys():
+        parser.error(f"{flag} {path}: not a learning benchmark's results (no runs)")
+    return record
+
+
+# Settings that make runs comparable: files merged must agree on them.
+SAME = ("arms", "rounds", "minutes", "tasks", "group_size", "eval_tasks", "server_url", "reviewer")
+
+
+def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None:
+    """Write to `out` the runs of `paths`, in order, with figures over all of them. The files
+    must agree on `SAME` and on the machine's processor and cores; the provenance is the
+    first file's, with each later file's under "merged"."""
+    records = [_read_result(parser, "--merge", path) for path in paths]
+    first, *later = records
+    for path, record in zip(paths[1:], later, strict=True):
+        if differ := _differences(first, record):
+            parser.error(f"--merge {path}: measured unlike {paths[0]} ({', '.join(differ)})")
+    runs = [run for record in records for run in record["runs"]]
+    settings = {**first["settings"], "runs": str(len(runs))}
+    result = {"settings": settings, "arms": runs[0]["arms"], "paired": runs[0]["paired"],
+              "runs": runs}  # fmt: skip
+    made = {
+        **first["provenance"],
+        "merged": [_part(r["provenance"]) for r in later],
+        "merged_by": provenance()["command"],
+    }
+    write_results(out, result, made, figures(result))
+    print_over_runs(result)
+
+
+def _differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """The settings (`SAME`) and machine parts (processor, cores) two results files differ in."""
+    differ = [k for k in SAME if other["settings"].get(k) != first["settings"].get(k)]
+    machines = [record["provenance"].get("machine", {}) for record in (first, other)]
+    return differ + [k for k in ("cpu", "cores") if machines[0].get(k) != machines[1].get(k)]
+
+
+def _part(made: dict[str, Any]) -> dict[str, Any]:
+    """What a merged file's provenance says of a file whose runs it took."""
+    return {k: made[k] for k in ("command", "commit", "dirty", "date") if k in made}
 
 
 def print_over_runs(result: dict[str, Any]) -> None:

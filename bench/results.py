@@ -55,9 +55,8 @@ class Result:
 
     @property
     def command(self) -> str:
-        """The command that made it, as a module of the bench package (files made before
-        bench/ was a package name the script's file: the same script, the same arguments)."""
-        return SCRIPT.sub(r"\1 -m bench.\2", self.provenance["command"])
+        """The command that made it (`as_module`)."""
+        return as_module(self.provenance["command"])
 
     @property
     def script(self) -> str:
@@ -107,6 +106,12 @@ def _headline(script: str) -> str:
     return doc.split("\n\n")[0] if doc else ""
 
 
+def as_module(command: str) -> str:
+    """A recorded command as a module of the bench package (files made before bench/ was a
+    package name the script's file: the same script, the same arguments)."""
+    return SCRIPT.sub(r"\1 -m bench.\2", command)
+
+
 def _table(result: Result) -> str:
     made = result.provenance
     machine = made["machine"]
@@ -115,11 +120,15 @@ def _table(result: Result) -> str:
     dirty = " (uncommitted changes)" if made.get("dirty") else ""
     again = made.get("refigured")
     refigured = f" · figures recomputed at `{again['commit']}`" if again else ""
+    merged = made.get("merged", [])
+    added = "".join(f" · runs added {part['date'][:10]} at `{part['commit']}`" for part in merged)
     lines = [
         f"`results/{result.path.name}` · {made['date'][:10]} · commit "
-        f"`{made['commit']}`{dirty} · {where}{refigured}",
+        f"`{made['commit']}`{dirty} · {where}{refigured}{added}",
         "",
         f"    {result.command}",
+        *[f"    {as_module(part['command'])}" for part in merged],
+        *([f"    {as_module(made['merged_by'])}"] if merged else []),
         "",
         "| figure | value | n | 95% interval | counts |",
         "|---|---:|---:|---|---|",

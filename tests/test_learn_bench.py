@@ -3,6 +3,8 @@ comparison of the arms' final versions on the same held-out tasks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.learn import final_version, paired
@@ -139,3 +141,54 @@ def test_an_earlier_file_is_refigured_from_its_runs_and_says_so(tmp_path, monkey
     path.write_text("{}")
     with pytest.raises(SystemExit):
         learn.main()
+
+
+def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch) -> None:
+    import json
+    import sys
+
+    from bench import learn
+    from bench.results import Result, _table
+
+    def curve(solved: int) -> dict:
+        return {"pass_at_1": [0.25, 0.5], "promoted": [True], "ended_s": [0, 100],
+                "solved": {f"t{i}": i < solved for i in range(4)}}  # fmt: skip
+
+    def results(name: str, runs: list[dict], commit: str, rounds: str = "2") -> Path:
+        settings = {"arms": "default,default+examples", "rounds": rounds, "minutes": "30.0",
+                    "reviewer": "qwen2.5-coder-0.5b", "keep": name}  # fmt: skip
+        machine = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "dtype": "bfloat16"}
+        made = {"command": f".venv/bin/python -m bench.learn --json {name}", "commit": commit,
+                "date": "2026-12-06T04:49:14Z", "machine": machine}  # fmt: skip
+        for run in runs:
+            run["paired"] = learn.paired(run["arms"])
+        path = tmp_path / name
+        path.write_text(json.dumps({"provenance": made, "figures": [], "settings": settings,
+                                    "arms": runs[0]["arms"], "runs": runs}))  # fmt: skip
+        return path
+
+    first = results("a.json", [{"arms": {"default": curve(1), "default+examples": curve(2)}}],
+                    "abc1234")  # fmt: skip
+    more = [{"arms": {"default": curve(2), "default+examples": curve(3)}} for _ in range(2)]
+    second = results("b.json", more, "def5678")
+    out = tmp_path / "merged.json"
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(second),
+                                      "--json", str(out)])  # fmt: skip
+    learn.main()
+    record = json.loads(out.read_text())
+    assert len(record["runs"]) == 3 and record["settings"]["runs"] == "3"
+    assert record["provenance"]["commit"] == "abc1234"
+    assert [p["commit"] for p in record["provenance"]["merged"]] == ["def5678"]
+    welch = {f["name"]: f for f in record["figures"]}[
+        "default+examples minus default, final pass@1 (Welch over runs)"
+    ]
+    assert welch["value"] == pytest.approx(0.25) and welch["n"] == 6
+    page = _table(Result(out, record["provenance"], record["figures"]))
+    assert "runs added 2026-12-06 at `def5678`" in page and "bench.learn --json b.json" in page
+    assert "--merge" in page  # how the file was put together
+    other = results("c.json", more, "def5678", rounds="3")
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(other),
+                                      "--json", str(out)])  # fmt: skip
+    with pytest.raises(SystemExit):
+        learn.main()
+    assert len(json.loads(out.read_text())["runs"]) == 3  # the file written before stays

@@ -375,7 +375,7 @@ def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None
               "runs": runs}  # fmt: skip
     made = {
         **first["provenance"],
-        "merged": [_part(r["provenance"]) for r in later],
+        "merged": [part for record in records for part in _parts(record)][1:],
         "merged_by": provenance()["command"],
     }
     write_results(out, result, made, figures(result))
@@ -389,9 +389,12 @@ def _differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
     return differ + [k for k in ("cpu", "cores") if machines[0].get(k) != machines[1].get(k)]
 
 
-def _part(made: dict[str, Any]) -> dict[str, Any]:
-    """What a merged file's provenance says of a file whose runs it took."""
-    return {k: made[k] for k in ("command", "commit", "dirty", "date") if k in made}
+def _parts(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a merged file's provenance says of each measurement whose runs `record` holds: its
+    own, then those it merged earlier."""
+    made = record["provenance"]
+    own = {k: made[k] for k in ("command", "commit", "dirty", "date") if k in made}
+    return [own, *made.get("merged", [])]
 
 
 def print_over_runs(result: dict[str, Any]) -> None:

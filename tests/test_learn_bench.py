@@ -186,6 +186,14 @@ def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch)
     page = _table(Result(out, record["provenance"], record["figures"]))
     assert "runs added 2026-12-06 at `def5678`" in page and "bench.learn --json b.json" in page
     assert "--merge" in page  # how the file was put together
+    third = results("d.json", more, "0123abc")
+    again = tmp_path / "again.json"
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(out), str(third),
+                                      "--json", str(again)])  # fmt: skip
+    learn.main()
+    record = json.loads(again.read_text())  # a merged file merged again keeps every part
+    assert len(record["runs"]) == 5
+    assert [p["commit"] for p in record["provenance"]["merged"]] == ["def5678", "0123abc"]
     other = results("c.json", more, "def5678", rounds="3")
     monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(other),
                                       "--json", str(out)])  # fmt: skip

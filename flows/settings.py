@@ -51,8 +51,9 @@ class RunCollect(CollectSettings):
 
 
 class RunSettings(BaseModel):
-    """What one `flywheel run` does. Defaults (the policy alone) finish in about 9 minutes on 2
-    CPU cores; `make run` adds a reviewer and `examples/reviewer.toml` (about 17)."""
+    """What one `flywheel run` does. Defaults (the policy alone) finish in about 5 minutes on 2
+    CPU cores; `make run` adds a reviewer and `examples/reviewer.toml` (about 9; both with the
+    models built and the servers started: bench/results/run.json)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -226,13 +226,18 @@ def main() -> None:
             run["paired"] = paired(run["arms"])
             print_table({"settings": settings, **run})
             runs.append(run)
-            # the first run's arms and pairs at the top, as files with one run hold them
-            result = {"settings": settings, **runs[0], "runs": runs}
+            result = with_runs(settings, runs)
             if args.json:  # each finished run is kept, should a later one be cut short
                 write_results(args.json, result, made, figures(result))
     print_over_runs(result)
     if args.png:
         plot(result, args.png)
+
+
+def with_runs(settings: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A results file's payload: the settings, the first run's arms and pairs at the top (as
+    files with one run hold them), and every run."""
+    return {"settings": settings, **runs[0], "runs": runs}
 
 
 def figures(result: dict[str, Any]) -> list[Figure]:
@@ -370,12 +375,11 @@ def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None
         if differ := _differences(first, record):
             parser.error(f"--merge {path}: measured unlike {paths[0]} ({', '.join(differ)})")
     runs = [run for record in records for run in record["runs"]]
-    settings = {**first["settings"], "runs": str(len(runs))}
-    result = {"settings": settings, "arms": runs[0]["arms"], "paired": runs[0]["paired"],
-              "runs": runs}  # fmt: skip
+    result = with_runs({**first["settings"], "runs": str(len(runs))}, runs)
+    earlier = first["provenance"].get("merged", [])
     made = {
         **first["provenance"],
-        "merged": [part for record in records for part in _parts(record)][1:],
+        "merged": [*earlier, *(part for record in later for part in _parts(record))],
         "merged_by": provenance()["command"],
     }
     write_results(out, result, made, figures(result))

@@ -48,6 +48,10 @@ falls on all, and compares each arm's final pass@1 with the first arm's, Welch o
 A round may end past the budget, and an arm whose rounds are long may stop well before it, so
 with `--minutes` the arms are also compared at the same instant: by the version each served
 when the budget ran out (its last round promoted by then), Welch over runs.
+`--shared-rounds K` runs the first K rounds once in each run, with the first arm's settings,
+and every arm goes on from a copy of their store: the arms differ only in the rounds after K,
+and the run-to-run spread of the rounds before (as large as the gains sought) falls on none of
+their differences. An arm's curve and wall time include the shared rounds.
 `--refigure P` recomputes the figures of an earlier results file from its runs; `--merge P Q
 --json R` puts the runs of files measured with the same arms and settings, on the same kind of
 machine, into one (R's provenance is P's, and names the runs added).
@@ -55,7 +59,7 @@ machine, into one (R's provenance is P's, and names the runs added).
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
-        [--reviewer NAME] [--keep DIR] [--json P] [--png P]
+        [--shared-rounds K] [--reviewer NAME] [--keep DIR] [--json P] [--png P]
     .venv/bin/python -m bench.learn --refigure P
     .venv/bin/python -m bench.learn --merge P Q [...] --json R
 """
@@ -162,6 +166,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="of each arm, the arms alternating")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--minutes", type=float, default=None, help="each arm's time budget")
+    parser.add_argument(
+        "--shared-rounds",
+        type=int,
+        default=0,
+        metavar="K",
+        help="run the first K rounds once, with the first arm's settings, and each arm on from "
+        "a copy of them (paired on the same start)",
+    )
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=64)
@@ -210,6 +222,8 @@ def main() -> None:
     unknown = set(arms) - set(ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    if not 0 <= args.shared_rounds < args.rounds:
+        parser.error(f"--shared-rounds {args.shared_rounds}: 0 to {args.rounds - 1} (--rounds)")
     reviewer = _reviewer_folder(args.reviewer)
     made = provenance()
     with contextlib.ExitStack() as servers:
@@ -222,7 +236,7 @@ def main() -> None:
         settings = {k: str(v) for k, v in vars(args).items()}
         runs: list[dict[str, Any]] = []
         for _ in range(args.runs):
-            run = {"arms": {arm: run_arm(arm, args, model, url, reviewer) for arm in arms}}
+            run = {"arms": run_arms(arms, args, model, url, reviewer)}
             run["paired"] = paired(run["arms"])
             print_table({"settings": settings, **run})
             runs.append(run)
@@ -362,7 +376,9 @@ def _read_result(parser: argparse.ArgumentParser, flag: str, path: Path) -> dict
 
 
 # Settings that make runs comparable: files merged must agree on them.
-SAME = ("arms", "rounds", "minutes", "tasks", "group_size", "eval_tasks", "server_url", "reviewer")
+SAME = ("arms", "rounds", "shared_rounds", "minutes", "tasks", "group_size", "eval_tasks",
+        "server_url", "reviewer")  # fmt: skip
+UNSET = {"shared_rounds": "0"}  # what a setting was before the benchmark recorded it
 
 
 def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None:
@@ -388,7 +404,11 @@ def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None
 
 def _differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
     """The settings (`SAME`) and machine parts (processor, cores) two results files differ in."""
-    differ = [k for k in SAME if other["settings"].get(k) != first["settings"].get(k)]
+    differ = [
+        k
+        for k in SAME
+        if other["settings"].get(k, UNSET.get(k)) != first["settings"].get(k, UNSET.get(k))
+    ]
     machines = [record["provenance"].get("machine", {}) for record in (first, other)]
     return differ + [k for k in ("cpu", "cores") if machines[0].get(k) != machines[1].get(k)]
 
@@ -429,44 +449,132 @@ def _reviewer_folder(reviewer: str | None) -> str | None:
     return reviewer
 
 
+def run_arms(
+    arms: list[str],
+    args: argparse.Namespace,
+    model: Path,
+    server_url: str | None,
+    reviewer: str | None,
+) -> dict[str, dict[str, Any]]:
+    """One run of every arm: each from the base model, or with `--shared-rounds K` each from a
+    copy of K rounds run once with the first arm's settings."""
+    if not args.shared_rounds:
+        return {arm: run_arm(arm, args, model, server_url, reviewer) for arm in arms}
+    with _workdir("shared", args.keep) as trunk_dir:
+        trunk, trunk_s = _flywheel(
+            arms[0], trunk_dir, args.shared_rounds, args.minutes, args, model, server_url, reviewer
+        )
+        return {
+            arm: branch_arm(arm, (trunk_dir, trunk, trunk_s), args, model, server_url, reviewer)
+            for arm in arms
+        }
+
+
 def run_arm(
     arm: str, args: argparse.Namespace, model: Path, server_url: str | None, reviewer: str | None
 ) -> dict[str, Any]:
+    """One run of an arm from the base model: its curve (`curve`)."""
+    with _workdir(arm, args.keep) as workdir:
+        summary, seconds = _flywheel(
+            arm, workdir, args.rounds, args.minutes, args, model, server_url, reviewer
+        )
+        solved, did = _read_store(summary)
+    return curve(summary, seconds, solved, did)
+
+
+Trunk = tuple[Path, dict[str, Any], float]  # the shared rounds' folder, summary and seconds
+
+
+def branch_arm(
+    arm: str,
+    trunk: Trunk,
+    args: argparse.Namespace,
+    model: Path,
+    server_url: str | None,
+    reviewer: str | None,
+) -> dict[str, Any]:
+    """An arm's rounds after the shared ones, from a copy of their store: its curve holds the
+    shared rounds too, and its seconds their time (the arm's wall time from the base model)."""
+    trunk_dir, shared, shared_s = trunk
+    left = None if args.minutes is None else max(args.minutes - shared_s / 60, 0.1)
+    with _workdir(arm, args.keep) as workdir:
+        for path in trunk_dir.glob("flywheel.db*"):
+            if not path.name.endswith("-lock"):
+                shutil.copy2(path, workdir / path.name)
+        rounds = args.rounds - args.shared_rounds
+        branch, seconds = _flywheel(arm, workdir, rounds, left, args, model, server_url, reviewer)
+        summary = joined(shared, branch)
+        solved, did = _read_store(summary)
+    return curve(summary, shared_s + seconds, solved, did)
+
+
+def joined(shared: dict[str, Any], branch: dict[str, Any]) -> dict[str, Any]:
+    """A branch's run summary with the shared rounds before its own, its rounds' times counted
+    from the start of the shared ones."""
+    offset = shared["rounds"][-1]["ended_s"] if shared["rounds"] else 0.0
+    later = [
+        {**r, "started_s": r.get("started_s", 0.0) + offset, "ended_s": r["ended_s"] + offset}
+        for r in branch["rounds"]
+    ]
+    stages = shared["wall_seconds"].keys() | branch["wall_seconds"].keys()
+    seconds = {k: shared["wall_seconds"].get(k, 0.0) + branch["wall_seconds"].get(k, 0.0)
+               for k in stages}  # fmt: skip
+    return {**branch, "rounds": shared["rounds"] + later, "wall_seconds": seconds}
+
+
+def _flywheel(
+    arm: str,
+    workdir: Path,
+    rounds: int,
+    minutes: float | None,
+    args: argparse.Namespace,
+    model: Path,
+    server_url: str | None,
+    reviewer: str | None,
+) -> tuple[dict[str, Any], float]:
+    """`flywheel run` with the arm's settings in `workdir` (which may hold earlier rounds to go
+    on from): its summary and its wall seconds."""
     spec = dict(ARMS[arm])
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
-    with _workdir(arm, args.keep) as workdir:
-        config = workdir / "arm.toml"
-        config.write_text(_toml(spec))
-        summary_path = workdir / "summary.json"
-        command = [
-            *FLYWHEEL, "run",
-            "--config", str(config),
-            "--workdir", str(workdir),
-            "--model", str(model),
-            "--rounds", str(args.rounds),
-            "--tasks", str(args.tasks),
-            "--group-size", str(max(2, group_size)),
-            "--eval-tasks", str(args.eval_tasks),
-            "--summary-json", str(summary_path),
-            "--prefect", "temporary",  # a Prefect server of the run's own, gone when it ends
-        ]  # fmt: skip
-        if server_url:  # the shared server serves each arm's versions as adapters
-            command += ["--server-url", server_url, "--weights", "lora"]
-        else:
-            command += ["--port", str(args.port)]
-        if args.minutes:
-            command += ["--minutes", str(args.minutes)]
-        if reviewer and arm in REVIEWED:
-            command += ["--reviewer", reviewer]
-        print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        done = run_command(command, env=checkout_env())
-        if done.returncode != 0:
-            sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
-        summary = json.loads(summary_path.read_text())
-        solved, did = _read_store(summary)
+    config = workdir / "arm.toml"
+    config.write_text(_toml(spec))
+    summary_path = workdir / "summary.json"
+    command = [
+        *FLYWHEEL, "run",
+        "--config", str(config),
+        "--workdir", str(workdir),
+        "--model", str(model),
+        "--rounds", str(rounds),
+        "--tasks", str(args.tasks),
+        "--group-size", str(max(2, group_size)),
+        "--eval-tasks", str(args.eval_tasks),
+        "--summary-json", str(summary_path),
+        "--prefect", "temporary",  # a Prefect server of the run's own, gone when it ends
+    ]  # fmt: skip
+    if server_url:  # the shared server serves each arm's versions as adapters
+        command += ["--server-url", server_url, "--weights", "lora"]
+    else:
+        command += ["--port", str(args.port)]
+    if minutes:
+        command += ["--minutes", str(minutes)]
+    if reviewer and arm in REVIEWED:
+        command += ["--reviewer", reviewer]
+    print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    done = run_command(command, env=checkout_env())
+    if done.returncode != 0:
+        sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
+    seconds = time.monotonic() - started
+    print(f"[{arm}] done in {seconds / 60:.1f} min", file=sys.stderr)
+    return json.loads(summary_path.read_text()), seconds
+
+
+def curve(
+    summary: dict[str, Any], seconds: float, solved: dict[str, bool], did: dict[str, Any]
+) -> dict[str, Any]:
+    """An arm's record of one run: held-out pass@1 after each round, what it cost, the tasks
+    its final version solved and what its method did."""
     rounds = summary["rounds"]
-    print(f"[{arm}] done in {(time.monotonic() - started) / 60:.1f} min", file=sys.stderr)
     return {
         "pass_at_1": [summary["baseline_pass_at_1"]] + [r["eval_pass_at_1"] for r in rounds],
         "format_rate": [summary["baseline_format_rate"]] + [r["eval_format_rate"] for r in rounds],
@@ -477,7 +585,7 @@ def run_arm(
             r["bare_successes"] / r["bare_rollouts"] if r["bare_rollouts"] else None for r in rounds
         ],
         "train_tokens": sum(r["train_tokens"] for r in rounds),
-        "seconds": time.monotonic() - started,
+        "seconds": seconds,
         "run_seconds": summary["wall_seconds"].get("total"),
         "final_version": final_version(summary),
         "solved": solved,

@@ -200,3 +200,46 @@ def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch)
     with pytest.raises(SystemExit):
         learn.main()
     assert len(json.loads(out.read_text())["runs"]) == 3  # the file written before stays
+
+
+def test_arms_go_on_from_a_copy_of_rounds_run_once(tmp_path, monkeypatch) -> None:
+    """--shared-rounds K: K rounds run once with the first arm's settings, every arm goes on from
+    a copy of their store, and its curve and wall time hold the shared rounds."""
+    import argparse
+
+    from bench import learn
+
+    def round_(version: str, score: float, ended: float, promoted: bool) -> dict:
+        return {"policy_version": version, "promoted": promoted, "eval_pass_at_1": score,
+                "eval_format_rate": 1.0, "ended_s": ended, "started_s": ended - 50,
+                "rollouts": 8, "bare_successes": 1, "bare_rollouts": 4,
+                "train_tokens": 10}  # fmt: skip
+
+    calls = []
+
+    def flywheel(arm, workdir, rounds, minutes, *rest):
+        calls.append((arm, rounds, minutes, (workdir / "flywheel.db").read_text()
+                      if (workdir / "flywheel.db").exists() else None))  # fmt: skip
+        if not calls[:-1]:  # the shared round
+            (workdir / "flywheel.db").write_text("round 1")
+            return {"base_model": "base", "baseline_pass_at_1": 0.2, "baseline_format_rate": 0.5,
+                    "rounds": [round_("r1", 0.4, 100.0, True)],
+                    "wall_seconds": {"collect": 60.0, "total": 100.0}}, 120.0  # fmt: skip
+        promoted = arm == "default+examples"
+        return {"base_model": "base", "baseline_pass_at_1": 0.2, "baseline_format_rate": 0.5,
+                "rounds": [round_(f"{arm}-r2", 0.45, 40.0, promoted)],
+                "wall_seconds": {"total": 50.0}, "db_url": str(workdir)}, 60.0  # fmt: skip
+
+    monkeypatch.setattr(learn, "_flywheel", flywheel)
+    monkeypatch.setattr(learn, "_read_store", lambda summary: ({"t": True}, {"attempts": {}}))
+    args = argparse.Namespace(shared_rounds=1, rounds=2, minutes=5.0, keep=tmp_path)
+    curves = learn.run_arms(["default", "default+examples"], args, Path("m"), None, None)
+    assert [c[:3] for c in calls] == [("default", 1, 5.0), ("default", 1, 3.0),
+                                      ("default+examples", 1, 3.0)]  # fmt: skip
+    assert [c[3] for c in calls] == [None, "round 1", "round 1"]  # each from the copied store
+    default, examples = curves["default"], curves["default+examples"]
+    assert default["pass_at_1"] == [0.2, 0.4, 0.45] and default["promoted"] == [True, False]
+    assert default["ended_s"] == [0.0, 100.0, 140.0] and default["seconds"] == 180.0
+    assert default["run_seconds"] == 150.0 and default["rollouts"] == 16
+    assert default["final_version"] == "r1"  # its own round kept out: the shared one serves
+    assert examples["final_version"] == "default+examples-r2"

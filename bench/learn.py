@@ -91,6 +91,7 @@ from bench.common import (
 )
 from bench.smollm2_server import MODELS, smollm2_server
 from memory import library, store
+from memory.records import Attempt
 from reports.intervals import error_bars, paired_difference, welch_difference
 from reports.table import text_table
 from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
@@ -612,20 +613,32 @@ def _read_store(summary: dict[str, Any]) -> tuple[dict[str, bool], dict[str, Any
 
 def what_it_did(session: Session) -> dict[str, Any]:
     """What an arm's method did, from its store: the train attempts and their successes by kind
-    and guidance ("guided:demo", "revision:revision", ...), the attempts whose reward
-    an outcome bonus shaped, and the library's active lessons at the end."""
-    attempts = [a for g in store.load_groups(session, "train") for a in g.attempts]
+    and guidance ("guided:demo", "revision:revision", ...), over all rounds and round by round,
+    the attempts whose reward an outcome bonus shaped, and the library's active lessons at the
+    end."""
+    groups = store.load_groups(session, "train")
+    attempts = [a for g in groups for a in g.attempts]
+    rounds = sorted({g.round_index for g in groups})
+    shaped = sum(a.shaped_reward is not None and a.shaped_reward != a.reward for a in attempts)
+    return {
+        "attempts": _by_kind(attempts),
+        "rounds": {
+            str(r): _by_kind([a for g in groups if g.round_index == r for a in g.attempts])
+            for r in rounds
+        },
+        "shaped": shaped,
+        "lessons": library.size(session),
+    }
+
+
+def _by_kind(attempts: list[Attempt]) -> dict[str, list[int]]:
+    """Attempts and their successes by kind and guidance, e.g. {"guided:demo": [128, 23]}."""
     kinds: dict[str, list[int]] = {}
     for attempt in attempts:
         counts = kinds.setdefault(f"{attempt.kind}:{attempt.context}", [0, 0])
         counts[0] += 1
         counts[1] += attempt.correct
-    shaped = sum(a.shaped_reward is not None and a.shaped_reward != a.reward for a in attempts)
-    return {
-        "attempts": dict(sorted(kinds.items())),
-        "shaped": shaped,
-        "lessons": library.size(session),
-    }
+    return dict(sorted(kinds.items()))
 
 
 def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

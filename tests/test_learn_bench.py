@@ -85,12 +85,15 @@ def test_an_arm_records_what_its_method_did(tmp_path) -> None:
         shaped.model_copy(update={"shaped_reward": 0.1}),
         bare.model_copy(update={"shaped_reward": 0.0}),
     ]
+    later = make_group([1.0], round_index=2, task_id="t2")
     engine = store.open_store(url)
     with store.transaction(engine) as session:
-        store.save_groups(session, [group.model_copy(update={"attempts": attempts})])
+        store.save_groups(session, [group.model_copy(update={"attempts": attempts}), later])
     with store.transaction(engine) as session:
         did = what_it_did(session)
-    assert did["attempts"] == {"base:bare": [2, 0], "guided:worked_example": [1, 1]}
+    assert did["attempts"] == {"base:bare": [3, 1], "guided:worked_example": [1, 1]}
+    assert did["rounds"]["2"] == {"base:bare": [1, 1]}  # round by round too
+    assert did["rounds"]["1"] == {"base:bare": [2, 0], "guided:worked_example": [1, 1]}
     assert (did["shaped"], did["lessons"]) == (1, 0)
 
 

@@ -241,7 +241,7 @@ def main() -> None:
             run["paired"] = paired(run["arms"])
             print_table({"settings": settings, **run})
             runs.append(run)
-            result = with_runs(settings, runs)
+            result = with_runs({**settings, "runs": str(len(runs))}, runs)  # as many as done
             if args.json:  # each finished run is kept, should a later one be cut short
                 write_results(args.json, result, made, figures(result))
     print_over_runs(result)

@@ -246,3 +246,34 @@ def test_arms_go_on_from_a_copy_of_rounds_run_once(tmp_path, monkeypatch) -> Non
     assert default["run_seconds"] == 150.0 and default["rollouts"] == 16
     assert default["final_version"] == "r1"  # its own round kept out: the shared one serves
     assert examples["final_version"] == "default+examples-r2"
+
+
+def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
+    tmp_path, monkeypatch
+) -> None:
+    import json
+    import sys
+
+    from bench import learn
+
+    finished = {"pass_at_1": [0.25, 0.5], "format_rate": [1.0, 1.0], "rollouts": 8,
+                "seconds": 60.0, "promoted": [True], "ended_s": [0, 50],
+                "solved": {"t0": True, "t1": False}}  # fmt: skip
+    runs = iter([{"default": finished, "alone": finished}])
+
+    def run_arms(*_):
+        try:
+            return next(runs)
+        except StopIteration:
+            raise KeyboardInterrupt from None
+
+    monkeypatch.setattr(learn, "run_arms", run_arms)
+    monkeypatch.setattr(learn, "prepare_smollm2", lambda _: Path("model"))
+    path = tmp_path / "learn.json"
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--arms", "default,alone", "--runs", "3",
+                                      "--json", str(path)])  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        learn.main()
+    record = json.loads(path.read_text())
+    assert record["settings"]["runs"] == "1" and len(record["runs"]) == 1
+    assert "--runs 3" in record["provenance"]["command"]  # what was asked stays on record

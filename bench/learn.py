@@ -305,7 +305,25 @@ def over_runs(result: dict[str, Any]) -> list[Figure]:
         )
         for arm in arms
     ]
-    return means + rounds + differences
+    return means + rounds + differences + from_shared_rounds(result, arms)
+
+
+def from_shared_rounds(result: dict[str, Any], arms: dict[str, list[float]]) -> list[Figure]:
+    """With `--shared-rounds`: each arm's final pass@1 minus the first arm's, run by run (each
+    run's arms went on from the same rounds), the mean of those differences with Student's
+    interval over runs. Welch's interval treats the arms' runs as independent, and so keeps
+    the shared rounds' spread that the pairing takes out."""
+    if result["settings"].get("shared_rounds", UNSET["shared_rounds"]) == "0":
+        return []
+    (first, base), *others = arms.items()
+    return [
+        Figure.mean(
+            f"{arm} minus {first}, final pass@1 (paired over runs, from shared rounds)",
+            [a - b for a, b in zip(values, base, strict=True)],
+            counts=whose(result, arm, first),
+        )
+        for arm, values in others
+    ]
 
 
 def compared(

@@ -277,3 +277,23 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
     record = json.loads(path.read_text())
     assert record["settings"]["runs"] == "1" and len(record["runs"]) == 1
     assert "--runs 3" in record["provenance"]["command"]  # what was asked stays on record
+
+
+def test_arms_from_shared_rounds_are_compared_run_by_run() -> None:
+    """From a shared start the runs pair the arms: the mean of the runs' differences, whose
+    interval is narrower than Welch's when the runs' levels differ."""
+    from bench.learn import figures
+
+    def curve(solved: int) -> dict:
+        return {"solved": {f"t{i}": i < solved for i in range(8)}, "pass_at_1": [0.0, 0.0]}
+
+    runs = [{"arms": {"default": curve(d), "default+r3l": curve(d + 1)}} for d in (2, 4, 6)]
+    result = {"runs": runs, "settings": {"reviewer": "None", "shared_rounds": "1"}}
+    found = {f.name: f for f in figures(result)}
+    pair = found["default+r3l minus default, final pass@1 (paired over runs, from shared rounds)"]
+    welch = found["default+r3l minus default, final pass@1 (Welch over runs)"]
+    assert pair.value == pytest.approx(0.125) == welch.value and pair.n == 3
+    assert pair.low == pytest.approx(0.125)  # the same gain in every run: no spread
+    assert welch.low < 0
+    result["settings"]["shared_rounds"] = "0"
+    assert not any("paired over runs" in name for name in {f.name for f in figures(result)})

@@ -53,8 +53,8 @@ and every arm goes on from a copy of their store: the arms differ only in the ro
 and the run-to-run spread of the rounds before (as large as the gains sought) falls on none of
 their differences. An arm's curve and wall time include the shared rounds.
 `--refigure P` recomputes the figures of an earlier results file from its runs; `--merge P Q
---json R` puts the runs of files measured with the same arms and settings, on the same kind of
-machine, into one (R's provenance is P's, and names the runs added).
+--json R` puts the runs of files measured with the same settings, on the same kind of machine,
+into one, with the arms they all ran (R's provenance is P's, and names the runs added).
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png).
 
@@ -402,15 +402,19 @@ UNSET = {"shared_rounds": "0"}  # what a setting was before the benchmark record
 
 def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None:
     """Write to `out` the runs of `paths`, in order, with figures over all of them. The files
-    must agree on `SAME` and on the machine's processor and cores; the provenance is the
-    first file's, with each later file's under "merged"."""
+    must agree on `SAME` and on the machine's processor and cores, save that a file may have
+    run more arms than another: the arms all ran are kept (the first arm, against which the
+    others are compared, must be the same). The provenance is the first file's, with each
+    later file's under "merged"."""
     records = [_read_result(parser, "--merge", path) for path in paths]
     first, *later = records
     for path, record in zip(paths[1:], later, strict=True):
         if differ := _differences(first, record):
             parser.error(f"--merge {path}: measured unlike {paths[0]} ({', '.join(differ)})")
-    runs = [run for record in records for run in record["runs"]]
-    result = with_runs({**first["settings"], "runs": str(len(runs))}, runs)
+    arms = [a for a in _arms(first) if all(a in _arms(record) for record in later)]
+    runs = [_with_arms(run, arms) for record in records for run in record["runs"]]
+    settings = {**first["settings"], "arms": ",".join(arms), "runs": str(len(runs))}
+    result = with_runs(settings, runs)
     earlier = first["provenance"].get("merged", [])
     made = {
         **first["provenance"],
@@ -422,14 +426,29 @@ def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None
 
 
 def _differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
-    """The settings (`SAME`) and machine parts (processor, cores) two results files differ in."""
+    """The settings (`SAME`) and machine parts (processor, cores) two results files differ in:
+    their arms only where the first arms differ or fewer than two are common to both."""
     differ = [
         k
         for k in SAME
-        if other["settings"].get(k, UNSET.get(k)) != first["settings"].get(k, UNSET.get(k))
+        if k != "arms"
+        and other["settings"].get(k, UNSET.get(k)) != first["settings"].get(k, UNSET.get(k))
     ]
+    ours, theirs = _arms(first), _arms(other)
+    if ours[:1] != theirs[:1] or len(set(ours) & set(theirs)) < 2:
+        differ.insert(0, "arms")
     machines = [record["provenance"].get("machine", {}) for record in (first, other)]
     return differ + [k for k in ("cpu", "cores") if machines[0].get(k) != machines[1].get(k)]
+
+
+def _arms(record: dict[str, Any]) -> list[str]:
+    return [arm for arm in str(record["settings"].get("arms", "")).split(",") if arm]
+
+
+def _with_arms(run: dict[str, Any], arms: list[str]) -> dict[str, Any]:
+    """A run with only `arms`, each (after the first) paired with the first again."""
+    kept = {arm: run["arms"][arm] for arm in arms}
+    return {**run, "arms": kept, "paired": paired(kept)}
 
 
 def _parts(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -158,7 +158,7 @@ def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch)
                 "solved": {f"t{i}": i < solved for i in range(4)}}  # fmt: skip
 
     def results(name: str, runs: list[dict], commit: str, rounds: str = "2") -> Path:
-        settings = {"arms": "default,default+examples", "rounds": rounds, "minutes": "30.0",
+        settings = {"arms": ",".join(runs[0]["arms"]), "rounds": rounds, "minutes": "30.0",
                     "reviewer": "qwen2.5-coder-0.5b", "keep": name}  # fmt: skip
         machine = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "dtype": "bfloat16"}
         made = {"command": f".venv/bin/python -m bench.learn --json {name}", "commit": commit,
@@ -203,6 +203,21 @@ def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch)
     with pytest.raises(SystemExit):
         learn.main()
     assert len(json.loads(out.read_text())["runs"]) == 3  # the file written before stays
+    wider = [{"arms": {"default": curve(1), "default+r3l": curve(4),
+                       "default+examples": curve(3)}}]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(results("e.json", wider, "9")),
+                                      str(first), "--json", str(out)])  # fmt: skip
+    learn.main()  # the arms both files ran
+    record = json.loads(out.read_text())
+    assert record["settings"]["arms"] == "default,default+examples"
+    assert [list(run["arms"]) for run in record["runs"]] == [["default", "default+examples"]] * 2
+    assert list(record["runs"][0]["paired"]) == ["default+examples"]
+    swapped = [{"arms": {"default+examples": curve(3), "default": curve(1)}}]
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first),
+                                      str(results("f.json", swapped, "9")), "--json",
+                                      str(tmp_path / "no.json")])  # fmt: skip
+    with pytest.raises(SystemExit):  # another arm first: compared against another
+        learn.main()
 
 
 def test_arms_go_on_from_a_copy_of_rounds_run_once(tmp_path, monkeypatch) -> None:

@@ -77,7 +77,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
@@ -500,7 +500,13 @@ def run_arms(
         return {arm: run_arm(arm, args, model, server_url, reviewer) for arm in arms}
     with _workdir("shared", args.keep) as trunk_dir:
         trunk, trunk_s = _flywheel(
-            arms[0], trunk_dir, args.shared_rounds, args.minutes, args, model, server_url, reviewer
+            arms[0],
+            trunk_dir,
+            Budget(args.shared_rounds, args.minutes),
+            args,
+            model,
+            server_url,
+            reviewer,
         )
         return {
             arm: branch_arm(arm, (trunk_dir, trunk, trunk_s), args, model, server_url, reviewer)
@@ -514,7 +520,7 @@ def run_arm(
     """One run of an arm from the base model: its curve (`curve`)."""
     with _workdir(arm, args.keep) as workdir:
         summary, seconds = _flywheel(
-            arm, workdir, args.rounds, args.minutes, args, model, server_url, reviewer
+            arm, workdir, Budget(args.rounds, args.minutes), args, model, server_url, reviewer
         )
         solved, did = _read_store(summary)
     return curve(summary, seconds, solved, did)
@@ -540,7 +546,9 @@ def branch_arm(
             if not path.name.endswith("-lock"):
                 shutil.copy2(path, workdir / path.name)
         rounds = args.rounds - args.shared_rounds
-        branch, seconds = _flywheel(arm, workdir, rounds, left, args, model, server_url, reviewer)
+        branch, seconds = _flywheel(
+            arm, workdir, Budget(rounds, left), args, model, server_url, reviewer
+        )
         summary = joined(shared, branch)
         solved, did = _read_store(summary)
     return curve(summary, shared_s + seconds, solved, did)
@@ -560,11 +568,17 @@ def joined(shared: dict[str, Any], branch: dict[str, Any]) -> dict[str, Any]:
     return {**branch, "rounds": shared["rounds"] + later, "wall_seconds": seconds}
 
 
+class Budget(NamedTuple):
+    """How many rounds an invocation may run, and in how many minutes (None: no limit)."""
+
+    rounds: int
+    minutes: float | None
+
+
 def _flywheel(
     arm: str,
     workdir: Path,
-    rounds: int,
-    minutes: float | None,
+    budget: Budget,
     args: argparse.Namespace,
     model: Path,
     server_url: str | None,
@@ -572,6 +586,7 @@ def _flywheel(
 ) -> tuple[dict[str, Any], float]:
     """`flywheel run` with the arm's settings in `workdir` (which may hold earlier rounds to go
     on from): its summary and its wall seconds."""
+    rounds, minutes = budget
     spec = dict(ARMS[arm])
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     config = workdir / "arm.toml"

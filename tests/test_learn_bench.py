@@ -235,7 +235,8 @@ def test_arms_go_on_from_a_copy_of_rounds_run_once(tmp_path, monkeypatch) -> Non
 
     calls = []
 
-    def flywheel(arm, workdir, rounds, minutes, *rest):
+    def flywheel(arm, workdir, budget, *rest):
+        rounds, minutes = budget
         calls.append((arm, rounds, minutes, (workdir / "flywheel.db").read_text()
                       if (workdir / "flywheel.db").exists() else None))  # fmt: skip
         if not calls[:-1]:  # the shared round

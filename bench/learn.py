@@ -498,20 +498,12 @@ def run_arms(
     copy of K rounds run once with the first arm's settings."""
     if not args.shared_rounds:
         return {arm: run_arm(arm, args, model, server_url, reviewer) for arm in arms}
-    with _workdir("shared", args.keep) as trunk_dir:
-        trunk, trunk_s = _flywheel(
-            arms[0],
-            trunk_dir,
-            Budget(args.shared_rounds, args.minutes),
-            args,
-            model,
-            server_url,
-            reviewer,
+    with _workdir("shared", args.keep) as folder:
+        budget = Budget(args.shared_rounds, args.minutes)
+        trunk = Trunk(
+            folder, *_flywheel(arms[0], folder, budget, args, model, server_url, reviewer)
         )
-        return {
-            arm: branch_arm(arm, (trunk_dir, trunk, trunk_s), args, model, server_url, reviewer)
-            for arm in arms
-        }
+        return {arm: branch_arm(arm, trunk, args, model, server_url, reviewer) for arm in arms}
 
 
 def run_arm(
@@ -526,7 +518,12 @@ def run_arm(
     return curve(summary, seconds, solved, did)
 
 
-Trunk = tuple[Path, dict[str, Any], float]  # the shared rounds' folder, summary and seconds
+class Trunk(NamedTuple):
+    """The shared rounds of a run: their folder, `flywheel run` summary and wall seconds."""
+
+    folder: Path
+    summary: dict[str, Any]
+    seconds: float
 
 
 def branch_arm(
@@ -539,19 +536,18 @@ def branch_arm(
 ) -> dict[str, Any]:
     """An arm's rounds after the shared ones, from a copy of their store: its curve holds the
     shared rounds too, and its seconds their time (the arm's wall time from the base model)."""
-    trunk_dir, shared, shared_s = trunk
-    left = None if args.minutes is None else max(args.minutes - shared_s / 60, 0.1)
+    left = None if args.minutes is None else max(args.minutes - trunk.seconds / 60, 0.1)
     with _workdir(arm, args.keep) as workdir:
-        for path in trunk_dir.glob("flywheel.db*"):
+        for path in trunk.folder.glob("flywheel.db*"):
             if not path.name.endswith("-lock"):
                 shutil.copy2(path, workdir / path.name)
         rounds = args.rounds - args.shared_rounds
         branch, seconds = _flywheel(
             arm, workdir, Budget(rounds, left), args, model, server_url, reviewer
         )
-        summary = joined(shared, branch)
+        summary = joined(trunk.summary, branch)
         solved, did = _read_store(summary)
-    return curve(summary, shared_s + seconds, solved, did)
+    return curve(summary, trunk.seconds + seconds, solved, did)
 
 
 def joined(shared: dict[str, Any], branch: dict[str, Any]) -> dict[str, Any]:

@@ -56,7 +56,8 @@ their differences. An arm's curve and wall time include the shared rounds.
 --json R` puts the runs of files measured with the same settings, on the same kind of machine,
 into one, with the arms they all ran (R's provenance is P's, and names the runs added).
 
-Prints a table, writes the curves as JSON (--json) and PNG (--png).
+Prints a table, writes the curves as JSON (--json) and PNG (--png); `--keep DIR` keeps every
+run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`).
 
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
         [--shared-rounds K] [--reviewer NAME] [--keep DIR] [--json P] [--png P]
@@ -181,7 +182,7 @@ def main() -> None:
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
     parser.add_argument("--reviewer", default=None, help="a reviewer model for r3l and herl")
     parser.add_argument("--port", type=int, default=8021)
-    parser.add_argument("--keep", type=Path, default=None, help="keep each arm's folder here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep every run here (run-N/ARM)")
     parser.add_argument(
         "--pair",
         nargs="+",
@@ -235,9 +236,11 @@ def main() -> None:
         else:
             model = prepare_smollm2(MODELS)
         settings = {k: str(v) for k, v in vars(args).items()}
+        serving = Serving(model, url, reviewer)
         runs: list[dict[str, Any]] = []
-        for _ in range(args.runs):
-            run = {"arms": run_arms(arms, args, model, url, reviewer)}
+        for n in range(1, args.runs + 1):
+            keep = None if args.keep is None else args.keep / f"run-{n}"
+            run = {"arms": run_arms(arms, args, serving, keep)}
             run["paired"] = paired(run["arms"])
             print_table({"settings": settings, **run})
             runs.append(run)
@@ -487,33 +490,36 @@ def _reviewer_folder(reviewer: str | None) -> str | None:
     return reviewer
 
 
+class Serving(NamedTuple):
+    """What every arm runs against: the base model, a running server's URL (None: each arm
+    starts its own) and the reviewer (None: the policy reviews itself)."""
+
+    model: Path
+    server_url: str | None
+    reviewer: str | None
+
+
 def run_arms(
-    arms: list[str],
-    args: argparse.Namespace,
-    model: Path,
-    server_url: str | None,
-    reviewer: str | None,
+    arms: list[str], args: argparse.Namespace, serving: Serving, keep: Path | None
 ) -> dict[str, dict[str, Any]]:
-    """One run of every arm: each from the base model, or with `--shared-rounds K` each from a
-    copy of K rounds run once with the first arm's settings."""
+    """One run of every arm (its folders kept in `keep`, if given): each from the base model,
+    or with `--shared-rounds K` each from a copy of K rounds run once with the first arm's
+    settings."""
     if not args.shared_rounds:
-        return {arm: run_arm(arm, args, model, server_url, reviewer) for arm in arms}
-    with _workdir("shared", args.keep) as folder:
+        return {arm: run_arm(arm, args, serving, keep) for arm in arms}
+    with _workdir("shared", keep) as folder:
         budget = Budget(args.shared_rounds, args.minutes)
-        trunk = Trunk(
-            folder, *_flywheel(arms[0], folder, budget, args, model, server_url, reviewer)
-        )
-        return {arm: branch_arm(arm, trunk, args, model, server_url, reviewer) for arm in arms}
+        trunk = Trunk(folder, *_flywheel(arms[0], folder, budget, args, serving))
+        return {arm: branch_arm(arm, trunk, args, serving, keep) for arm in arms}
 
 
 def run_arm(
-    arm: str, args: argparse.Namespace, model: Path, server_url: str | None, reviewer: str | None
+    arm: str, args: argparse.Namespace, serving: Serving, keep: Path | None
 ) -> dict[str, Any]:
     """One run of an arm from the base model: its curve (`curve`)."""
-    with _workdir(arm, args.keep) as workdir:
-        summary, seconds = _flywheel(
-            arm, workdir, Budget(args.rounds, args.minutes), args, model, server_url, reviewer
-        )
+    with _workdir(arm, keep) as workdir:
+        budget = Budget(args.rounds, args.minutes)
+        summary, seconds = _flywheel(arm, workdir, budget, args, serving)
         solved, did = _read_store(summary)
     return curve(summary, seconds, solved, did)
 
@@ -527,24 +533,17 @@ class Trunk(NamedTuple):
 
 
 def branch_arm(
-    arm: str,
-    trunk: Trunk,
-    args: argparse.Namespace,
-    model: Path,
-    server_url: str | None,
-    reviewer: str | None,
+    arm: str, trunk: Trunk, args: argparse.Namespace, serving: Serving, keep: Path | None
 ) -> dict[str, Any]:
     """An arm's rounds after the shared ones, from a copy of their store: its curve holds the
     shared rounds too, and its seconds their time (the arm's wall time from the base model)."""
     left = None if args.minutes is None else max(args.minutes - trunk.seconds / 60, 0.1)
-    with _workdir(arm, args.keep) as workdir:
+    with _workdir(arm, keep) as workdir:
         for path in trunk.folder.glob("flywheel.db*"):
             if not path.name.endswith("-lock"):
                 shutil.copy2(path, workdir / path.name)
-        rounds = args.rounds - args.shared_rounds
-        branch, seconds = _flywheel(
-            arm, workdir, Budget(rounds, left), args, model, server_url, reviewer
-        )
+        budget = Budget(args.rounds - args.shared_rounds, left)
+        branch, seconds = _flywheel(arm, workdir, budget, args, serving)
         summary = joined(trunk.summary, branch)
         solved, did = _read_store(summary)
     return curve(summary, trunk.seconds + seconds, solved, did)
@@ -576,13 +575,12 @@ def _flywheel(
     workdir: Path,
     budget: Budget,
     args: argparse.Namespace,
-    model: Path,
-    server_url: str | None,
-    reviewer: str | None,
+    serving: Serving,
 ) -> tuple[dict[str, Any], float]:
     """`flywheel run` with the arm's settings in `workdir` (which may hold earlier rounds to go
     on from): its summary and its wall seconds."""
     rounds, minutes = budget
+    model, server_url, reviewer = serving
     spec = dict(ARMS[arm])
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     config = workdir / "arm.toml"

@@ -251,11 +251,15 @@ def test_arms_go_on_from_a_copy_of_rounds_run_once(tmp_path, monkeypatch) -> Non
 
     monkeypatch.setattr(learn, "_flywheel", flywheel)
     monkeypatch.setattr(learn, "_read_store", lambda summary: ({"t": True}, {"attempts": {}}))
-    args = argparse.Namespace(shared_rounds=1, rounds=2, minutes=5.0, keep=tmp_path)
-    curves = learn.run_arms(["default", "default+examples"], args, Path("m"), None, None)
+    args = argparse.Namespace(shared_rounds=1, rounds=2, minutes=5.0)
+    serving = learn.Serving(Path("m"), None, None)
+    curves = learn.run_arms(["default", "default+examples"], args, serving, tmp_path / "run-1")
     assert [c[:3] for c in calls] == [("default", 1, 5.0), ("default", 1, 3.0),
                                       ("default+examples", 1, 3.0)]  # fmt: skip
     assert [c[3] for c in calls] == [None, "round 1", "round 1"]  # each from the copied store
+    kept = tmp_path / "run-1"
+    assert (kept / "default+examples" / "flywheel.db").read_text() == "round 1"  # run by run
+    assert (kept / "shared" / "flywheel.db").exists()
     default, examples = curves["default"], curves["default+examples"]
     assert default["pass_at_1"] == [0.2, 0.4, 0.45] and default["promoted"] == [True, False]
     assert default["ended_s"] == [0.0, 100.0, 140.0] and default["seconds"] == 180.0

@@ -280,8 +280,10 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
                 "seconds": 60.0, "promoted": [True], "ended_s": [0, 50],
                 "solved": {"t0": True, "t1": False}}  # fmt: skip
     runs = iter([{"default": finished, "alone": finished}])
+    kept = []
 
-    def run_arms(*_):
+    def run_arms(arms, args, serving, keep):
+        kept.append(keep)
         try:
             return next(runs)
         except StopIteration:
@@ -290,13 +292,15 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
     monkeypatch.setattr(learn, "run_arms", run_arms)
     monkeypatch.setattr(learn, "prepare_smollm2", lambda _: Path("model"))
     path = tmp_path / "learn.json"
+    keep = tmp_path / "k"
     monkeypatch.setattr(sys, "argv", ["learn.py", "--arms", "default,alone", "--runs", "3",
-                                      "--json", str(path)])  # fmt: skip
+                                      "--json", str(path), "--keep", str(keep)])  # fmt: skip
     with pytest.raises(KeyboardInterrupt):
         learn.main()
     record = json.loads(path.read_text())
     assert record["settings"]["runs"] == "1" and len(record["runs"]) == 1
     assert "--runs 3" in record["provenance"]["command"]  # what was asked stays on record
+    assert kept == [keep / "run-1", keep / "run-2"]  # each run in a folder of its own
 
 
 def test_arms_from_shared_rounds_are_compared_run_by_run() -> None:

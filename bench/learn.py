@@ -154,12 +154,23 @@ ARMS["default"] = DEFAULT
 ARMS |= {f"default+{name}": {**DEFAULT, **extra} for name, extra in ON_TOP.items()}
 ARMS["alone"] = {}  # the policy alone: `make run REVIEWER=`
 ARMS["examples"] = {"collect.own_examples": True}  # the policy alone, with its own examples
-# the arms a reviewer serves: those that reflect, revise or nudge
-REVIEWED = tuple(
-    arm
-    for arm, spec in ARMS.items()
-    if any(spec.get(f"collect.{m}") for m in ("retry.enabled", "revise.enabled", "nudge"))
-)
+
+
+def arm_settings(arm: str) -> dict[str, Any] | None:
+    """An arm's settings: a named arm, or the default with several methods on top of it at once
+    (`default+examples+r3l+outcome`); None for a name that is neither."""
+    if arm in ARMS:
+        return ARMS[arm]
+    base, *methods = arm.split("+")
+    if base != "default" or len(methods) < 2 or not set(methods) <= set(ON_TOP):
+        return None
+    return DEFAULT | {k: v for m in methods for k, v in ON_TOP[m].items()}
+
+
+def reviewed(arm: str) -> bool:
+    """Whether a reviewer serves the arm: it reflects, revises or nudges."""
+    spec = arm_settings(arm) or {}
+    return any(spec.get(f"collect.{m}") for m in ("retry.enabled", "revise.enabled", "nudge"))
 
 
 def main() -> None:
@@ -221,9 +232,12 @@ def main() -> None:
         refigure(parser, args.refigure)
         return
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = set(arms) - set(ARMS)
+    unknown = sorted(arm for arm in arms if arm_settings(arm) is None)
     if unknown:
-        parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+        parser.error(
+            f"unknown arms {unknown}; choose from {', '.join(ARMS)}, or several methods on "
+            f"top of the default at once: default+{'+'.join(ON_TOP)}"
+        )
     if not 0 <= args.shared_rounds < args.rounds:
         parser.error(f"--shared-rounds {args.shared_rounds}: 0 to {args.rounds - 1} (--rounds)")
     reviewer = _reviewer_folder(args.reviewer)
@@ -282,8 +296,8 @@ def figures(result: dict[str, Any]) -> list[Figure]:
 def whose(result: dict[str, Any], *arms: str) -> str:
     """Whose work the arms' held-out answers count: the policy's own always; "policy and
     reviewer" where every arm learnt from a reviewer model's answers too."""
-    reviewed = result["settings"].get("reviewer", "None") != "None"
-    return "policy and reviewer" if reviewed and all(a in REVIEWED for a in arms) else "policy"
+    by_reviewer = result["settings"].get("reviewer", "None") != "None"
+    return "policy and reviewer" if by_reviewer and all(map(reviewed, arms)) else "policy"
 
 
 def finals(result: dict[str, Any]) -> dict[str, list[float]]:
@@ -581,7 +595,7 @@ def _flywheel(
     on from): its summary and its wall seconds."""
     rounds, minutes = budget
     model, server_url, reviewer = serving
-    spec = dict(ARMS[arm])
+    spec = dict(arm_settings(arm) or {})
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     config = workdir / "arm.toml"
     config.write_text(_toml(spec))
@@ -604,7 +618,7 @@ def _flywheel(
         command += ["--port", str(args.port)]
     if minutes:
         command += ["--minutes", str(minutes)]
-    if reviewer and arm in REVIEWED:
+    if reviewer and reviewed(arm):
         command += ["--reviewer", reviewer]
     print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
     started = time.monotonic()

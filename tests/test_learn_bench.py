@@ -44,6 +44,29 @@ def test_every_arm_is_a_valid_run_config(tmp_path) -> None:
     assert ARMS["default+insights"]["train.mode"] == "rltldr"
 
 
+def test_several_methods_go_on_top_of_the_default_at_once(tmp_path) -> None:
+    """`default+A+B` is the default with each named method's settings added, a valid run config
+    served by the reviewer; a name with an unknown method or another base is no arm."""
+    from bench.learn import ARMS, _toml, arm_settings, reviewed, whose
+    from flows.settings import load_run_settings
+
+    spec = arm_settings("default+examples+r3l+outcome")
+    assert spec is not None
+    config = tmp_path / "all.toml"
+    config.write_text(_toml(spec))
+    settings = load_run_settings(config, {})
+    assert settings.collect.own_examples and settings.collect.retry.enabled
+    assert settings.outcome.bonus == 0.1 and settings.collect.revise.blind
+    assert settings.train.revision_weight == "distill"
+    assert reviewed("default+examples+r3l+outcome") and not reviewed("alone")
+    assert whose({"settings": {"reviewer": "q"}}, "default", "default+examples+outcome") == (
+        "policy and reviewer"
+    )
+    assert arm_settings("default+examples") is ARMS["default+examples"]
+    assert arm_settings("default+examples+typo") is None
+    assert arm_settings("alone+r3l+outcome") is None
+
+
 def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
     from bench.learn import figures
 

@@ -27,9 +27,11 @@ settings except for what the arm changes. Arms:
     filtered+herl4pb  the same, revising every group with a failure (`make run`'s settings)
     default  those settings again, under the name the arms below build on
     default+sge, default+r3l, default+insights, default+library, default+outcome,
-    default+nudge  `make run`'s settings with one structured method on top (SGE's strategies,
-             R3L's reflections and retries, RLTLDR's insights, EDGE's library, outcome
-             bonuses, NudgeRL's hints): what each adds beyond the reviewer's revisions
+    default+nudge, default+examples  `make run`'s settings with one structured method on top
+             (SGE's strategies, R3L's reflections and retries, RLTLDR's insights, EDGE's
+             library, outcome bonuses, NudgeRL's hints, the policy's own examples): what each
+             adds beyond the reviewer's revisions
+    default+examples+r3l+outcome  several of those methods at once (any two or more)
     alone    the policy alone, no reviewer (`make run REVIEWER=`)
 
 (Results written before the default mode was named `filtered` call these arms `rltldr...`.)

@@ -97,7 +97,9 @@ from memory import library, store
 from memory.records import Attempt
 from reports.intervals import error_bars, paired_difference, welch_difference
 from reports.table import text_table
-from serving.model import REVIEWERS, prepare_parted, prepare_smollm2
+from serving.model import REVIEWERS, prepare_named, prepare_parted
+from verifiers import catalog
+from verifiers.errors import VerifierError
 
 # Arms as settings by their dotted keys (a TOML file of dotted keys each).
 UNGUIDED: dict[str, Any] = {"collect.guided_fraction": 0.0, "train.mode": "grpo"}
@@ -192,6 +194,13 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=64)
+    parser.add_argument("--taskset", default="arithmetic", help="what every arm trains on")
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help="the policy every arm starts from: smollm2, a reviewer's name (qwen2.5-coder-0.5b) "
+        "or a model folder",
+    )
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
     parser.add_argument("--reviewer", default=None, help="a reviewer model for r3l and herl")
     parser.add_argument("--port", type=int, default=8021)
@@ -242,6 +251,12 @@ def main() -> None:
         )
     if not 0 <= args.shared_rounds < args.rounds:
         parser.error(f"--shared-rounds {args.shared_rounds}: 0 to {args.rounds - 1} (--rounds)")
+    if args.server_url and args.model != "smollm2":
+        parser.error("--server-url serves SmolLM2: leave --model out, or the server out")
+    try:
+        catalog.check(args.taskset)
+    except VerifierError as error:
+        parser.error(str(error))
     reviewer = _reviewer_folder(args.reviewer)
     made = provenance()
     with contextlib.ExitStack() as servers:
@@ -250,7 +265,9 @@ def main() -> None:
             server = smollm2_server(args.server_url, args.port, "vllm-learn.log")
             url, model = servers.enter_context(server)
         else:
-            model = prepare_smollm2(MODELS)
+            model = prepare_named(args.model, MODELS) or Path(args.model)
+            if not (model / "config.json").is_file():
+                parser.error(f"--model {args.model}: not a model name or a model folder")
         settings = {k: str(v) for k, v in vars(args).items()}
         serving = Serving(model, url, reviewer)
         runs: list[dict[str, Any]] = []
@@ -611,6 +628,7 @@ def _flywheel(
         "--tasks", str(args.tasks),
         "--group-size", str(max(2, group_size)),
         "--eval-tasks", str(args.eval_tasks),
+        "--taskset", args.taskset,
         "--summary-json", str(summary_path),
         "--prefect", "temporary",  # a Prefect server of the run's own, gone when it ends
     ]  # fmt: skip

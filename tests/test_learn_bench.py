@@ -3,6 +3,7 @@ comparison of the arms' final versions on the same held-out tasks."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -313,7 +314,12 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
             raise KeyboardInterrupt from None
 
     monkeypatch.setattr(learn, "run_arms", run_arms)
-    monkeypatch.setattr(learn, "prepare_smollm2", lambda _: Path("model"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setattr(
+        learn, "prepare_named", lambda name, _: model if name == "smollm2" else None
+    )
     path = tmp_path / "learn.json"
     keep = tmp_path / "k"
     monkeypatch.setattr(sys, "argv", ["learn.py", "--arms", "default,alone", "--runs", "3",
@@ -324,6 +330,52 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
     assert record["settings"]["runs"] == "1" and len(record["runs"]) == 1
     assert "--runs 3" in record["provenance"]["command"]  # what was asked stays on record
     assert kept == [keep / "run-1", keep / "run-2"]  # each run in a folder of its own
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--taskset", "nope"], "unknown task set 'nope'"),
+        (["--model", "nowhere"], "--model nowhere: not a model name or a model folder"),
+        (["--model", "qwen2.5-coder-0.5b", "--server-url", "http://h"], "--server-url serves"),
+    ],
+)
+def test_a_policy_or_task_set_that_cannot_run_is_refused_in_one_line(
+    argv, says, monkeypatch, capsys
+) -> None:
+    import sys
+
+    from bench import learn
+
+    monkeypatch.setattr(learn, "prepare_named", lambda name, _: None)
+    monkeypatch.setattr(learn, "run_arms", lambda *a: pytest.fail("an arm ran"))
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--arms", "default", *argv])
+    with pytest.raises(SystemExit):
+        learn.main()
+    assert says in capsys.readouterr().err
+
+
+def test_arms_run_the_chosen_policy_on_the_chosen_task_set(tmp_path, monkeypatch) -> None:
+    """--model and --taskset reach every arm's `flywheel run`: its --model and --taskset."""
+    import argparse
+
+    from bench import learn
+
+    commands = []
+
+    def run_command(command, **_):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, "", "stop here")
+
+    monkeypatch.setattr(learn, "run_command", run_command)
+    args = argparse.Namespace(tasks=8, group_size=4, eval_tasks=16, taskset="two_digit_sums",
+                              port=8021)  # fmt: skip
+    serving = learn.Serving(tmp_path / "qwen", None, None)
+    with pytest.raises(SystemExit, match="arm default failed"):
+        learn._flywheel("default", tmp_path, learn.Budget(1, None), args, serving)
+    command = commands[0]
+    assert command[command.index("--model") + 1] == str(tmp_path / "qwen")
+    assert command[command.index("--taskset") + 1] == "two_digit_sums"
 
 
 def test_arms_from_shared_rounds_are_compared_run_by_run() -> None:

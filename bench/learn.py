@@ -432,8 +432,9 @@ def _read_result(parser: argparse.ArgumentParser, flag: str, path: Path) -> dict
 
 # Settings that make runs comparable: files merged must agree on them.
 SAME = ("arms", "rounds", "shared_rounds", "minutes", "tasks", "group_size", "eval_tasks",
-        "server_url", "reviewer")  # fmt: skip
-UNSET = {"shared_rounds": "0"}  # what a setting was before the benchmark recorded it
+        "server_url", "reviewer", "model", "taskset")  # fmt: skip
+# what a setting was before the benchmark recorded it
+UNSET = {"shared_rounds": "0", "model": "smollm2", "taskset": "arithmetic"}
 
 
 def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None:

@@ -181,9 +181,9 @@ def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch)
         return {"pass_at_1": [0.25, 0.5], "promoted": [True], "ended_s": [0, 100],
                 "solved": {f"t{i}": i < solved for i in range(4)}}  # fmt: skip
 
-    def results(name: str, runs: list[dict], commit: str, rounds: str = "2") -> Path:
+    def results(name: str, runs: list[dict], commit: str, rounds: str = "2", **more: str) -> Path:
         settings = {"arms": ",".join(runs[0]["arms"]), "rounds": rounds, "minutes": "30.0",
-                    "reviewer": "qwen2.5-coder-0.5b", "keep": name}  # fmt: skip
+                    "reviewer": "qwen2.5-coder-0.5b", "keep": name, **more}  # fmt: skip
         machine = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "dtype": "bfloat16"}
         made = {"command": f".venv/bin/python -m bench.learn --json {name}", "commit": commit,
                 "date": "2026-12-06T04:49:14Z", "machine": machine}  # fmt: skip
@@ -242,6 +242,17 @@ def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch)
                                       str(tmp_path / "no.json")])  # fmt: skip
     with pytest.raises(SystemExit):  # another arm first: compared against another
         learn.main()
+    for policy, merges in (({"model": "smollm2", "taskset": "arithmetic"}, True),
+                           ({"taskset": "two_digit_sums"}, False),
+                           ({"model": "qwen2.5-coder-0.5b"}, False)):  # fmt: skip
+        named = results("g.json", more, "9", **policy)  # against a file from before they were
+        monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(named),
+                                          "--json", str(tmp_path / "g-merged.json")])  # fmt: skip
+        if merges:
+            learn.main()
+        else:
+            with pytest.raises(SystemExit):
+                learn.main()
 
 
 def test_arms_go_on_from_a_copy_of_rounds_run_once(tmp_path, monkeypatch) -> None:

@@ -93,11 +93,13 @@ from bench.common import (
     write_results,
 )
 from bench.smollm2_server import MODELS, smollm2_server
+from cli.arguments import model_folder
+from flows.errors import FlowError
 from memory import library, store
 from memory.records import Attempt
 from reports.intervals import error_bars, paired_difference, welch_difference
 from reports.table import text_table
-from serving.model import REVIEWERS, prepare_named, prepare_parted
+from serving.model import REVIEWERS, prepare_parted
 from verifiers import catalog
 from verifiers.errors import VerifierError
 
@@ -265,9 +267,10 @@ def main() -> None:
             server = smollm2_server(args.server_url, args.port, "vllm-learn.log")
             url, model = servers.enter_context(server)
         else:
-            model = prepare_named(args.model, MODELS) or Path(args.model)
-            if not (model / "config.json").is_file():
-                parser.error(f"--model {args.model}: not a model name or a model folder")
+            try:
+                model = model_folder(args.model, MODELS)
+            except FlowError as error:
+                parser.error(str(error))
         settings = {k: str(v) for k, v in vars(args).items()}
         serving = Serving(model, url, reviewer)
         runs: list[dict[str, Any]] = []
@@ -615,7 +618,10 @@ def _flywheel(
     on from): its summary and its wall seconds."""
     rounds, minutes = budget
     model, server_url, reviewer = serving
-    spec = dict(arm_settings(arm) or {})
+    settings = arm_settings(arm)
+    if settings is None:
+        raise ValueError(f"unknown arm {arm!r}")
+    spec = dict(settings)
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     config = workdir / "arm.toml"
     config.write_text(_toml(spec))

@@ -326,11 +326,7 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
 
     monkeypatch.setattr(learn, "run_arms", run_arms)
     model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    monkeypatch.setattr(
-        learn, "prepare_named", lambda name, _: model if name == "smollm2" else None
-    )
+    monkeypatch.setattr(learn, "model_folder", lambda name, _: model)
     path = tmp_path / "learn.json"
     keep = tmp_path / "k"
     monkeypatch.setattr(sys, "argv", ["learn.py", "--arms", "default,alone", "--runs", "3",
@@ -347,7 +343,7 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
     ("argv", "says"),
     [
         (["--taskset", "nope"], "unknown task set 'nope'"),
-        (["--model", "nowhere"], "--model nowhere: not a model name or a model folder"),
+        (["--model", "nowhere"], "--model 'nowhere' is none of smollm2"),
         (["--model", "qwen2.5-coder-0.5b", "--server-url", "http://h"], "--server-url serves"),
     ],
 )
@@ -358,7 +354,6 @@ def test_a_policy_or_task_set_that_cannot_run_is_refused_in_one_line(
 
     from bench import learn
 
-    monkeypatch.setattr(learn, "prepare_named", lambda name, _: None)
     monkeypatch.setattr(learn, "run_arms", lambda *a: pytest.fail("an arm ran"))
     monkeypatch.setattr(sys, "argv", ["learn.py", "--arms", "default", *argv])
     with pytest.raises(SystemExit):
@@ -386,6 +381,8 @@ def test_arms_run_the_chosen_policy_on_the_chosen_task_set(tmp_path, monkeypatch
         learn._flywheel("default", tmp_path, learn.Budget(1, None), args, serving)
     command = commands[0]
     assert command[command.index("--model") + 1] == str(tmp_path / "qwen")
+    with pytest.raises(ValueError, match="unknown arm"):  # never run as the policy alone
+        learn._flywheel("default+typo+r3l", tmp_path, learn.Budget(1, None), args, serving)
     assert command[command.index("--taskset") + 1] == "two_digit_sums"
 
 

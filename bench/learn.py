@@ -57,6 +57,8 @@ their differences. An arm's curve and wall time include the shared rounds.
 `--refigure P` recomputes the figures of an earlier results file from its runs; `--merge P Q
 --json R` puts the runs of files measured with the same settings, on the same kind of machine,
 into one, with the arms they all ran (R's provenance is P's, and names the runs added).
+`--any-machine` merges runs of other processors too: each run keeps its machine, and what a
+time budget held, which depends on the machine's speed, is left out of R's figures.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png); `--keep DIR` keeps every
 run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`).
@@ -64,7 +66,7 @@ run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`).
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
         [--shared-rounds K] [--reviewer NAME] [--keep DIR] [--json P] [--png P]
     .venv/bin/python -m bench.learn --refigure P
-    .venv/bin/python -m bench.learn --merge P Q [...] --json R
+    .venv/bin/python -m bench.learn --merge P Q [...] [--any-machine] --json R
 """
 
 from __future__ import annotations
@@ -99,7 +101,6 @@ from memory import library, store
 from memory.records import Attempt
 from reports.intervals import error_bars, paired_difference, welch_difference
 from reports.table import text_table
-from serving.model import REVIEWERS, prepare_parted
 from verifiers import catalog
 from verifiers.errors import VerifierError
 
@@ -230,13 +231,19 @@ def main() -> None:
         help="instead: the runs of earlier results files of the same arms and settings, in one "
         "file (--json)",
     )
+    parser.add_argument(
+        "--any-machine",
+        action="store_true",
+        help="with --merge: files measured on another processor too (each run keeps its "
+        "machine; figures that depend on speed, rounds and pass@1 at the budget, are left out)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--png", type=Path, default=None)
     args = parser.parse_args()
     if args.merge:
         if args.json is None:
             parser.error("--merge writes its result to --json PATH")
-        merge(parser, args.merge, args.json)
+        merge(parser, args.merge, args.json, args.any_machine)
         return
     if args.pair:
         print_pairs(paired({spec: _arm_of(parser, spec) for spec in args.pair}))
@@ -259,7 +266,10 @@ def main() -> None:
         catalog.check(args.taskset)
     except VerifierError as error:
         parser.error(str(error))
-    reviewer = _reviewer_folder(args.reviewer)
+    try:  # a named reviewer is built once, here, not in each arm's working folder
+        reviewer = model_folder(args.reviewer, MODELS, "--reviewer") if args.reviewer else None
+    except FlowError as error:
+        parser.error(str(error))
     made = provenance()
     with contextlib.ExitStack() as servers:
         url: str | None = None
@@ -300,7 +310,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     runs, each arm's mean and its difference from the first arm's, with Welch's interval, at
     the end and (`at_budget`) when the time budget ran out."""
     if len(result.get("runs", [])) > 1:
-        return over_runs(result) + at_budget(result)
+        return over_runs(result) + ([] if mixed_machines(result) else at_budget(result))
     found = []
     for arm, curve in result["arms"].items():
         solved = list(curve["solved"].values())
@@ -343,8 +353,15 @@ def over_runs(result: dict[str, Any]) -> list[Figure]:
             [len(run["arms"][arm]["pass_at_1"]) - 1.0 for run in result["runs"]],
         )
         for arm in arms
+        if not mixed_machines(result)
     ]
     return means + rounds + differences + from_shared_rounds(result, arms)
+
+
+def mixed_machines(result: dict[str, Any]) -> bool:
+    """Whether the runs were measured on more than one kind of machine (`--any-machine`), so
+    that what a time budget held is not one measurement."""
+    return len({json.dumps(run.get("machine")) for run in result["runs"]}) > 1
 
 
 def from_shared_rounds(result: dict[str, Any], arms: dict[str, list[float]]) -> list[Figure]:
@@ -440,19 +457,25 @@ SAME = ("arms", "rounds", "shared_rounds", "minutes", "tasks", "group_size", "ev
 UNSET = {"shared_rounds": "0", "model": "smollm2", "taskset": "arithmetic"}
 
 
-def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None:
+def merge(
+    parser: argparse.ArgumentParser, paths: list[Path], out: Path, any_machine: bool = False
+) -> None:
     """Write to `out` the runs of `paths`, in order, with figures over all of them. The files
-    must agree on `SAME` and on the machine's processor and cores, save that a file may have
-    run more arms than another: the arms all ran are kept (the first arm, against which the
-    others are compared, must be the same). The provenance is the first file's, with each
-    later file's under "merged"."""
+    must agree on `SAME` and, unless `any_machine`, on the machine's processor and cores, save
+    that a file may have run more arms than another: the arms all ran are kept (the first arm,
+    against which the others are compared, must be the same). Each run keeps the machine it
+    was measured on. The provenance is the first file's, with each later file's under "merged"."""
     records = [_read_result(parser, "--merge", path) for path in paths]
     first, *later = records
     for path, record in zip(paths[1:], later, strict=True):
-        if differ := _differences(first, record):
+        if differ := _differences(first, record, any_machine):
             parser.error(f"--merge {path}: measured unlike {paths[0]} ({', '.join(differ)})")
     arms = [a for a in _arms(first) if all(a in _arms(record) for record in later)]
-    runs = [_with_arms(run, arms) for record in records for run in record["runs"]]
+    runs = [
+        _with_arms(run, arms) | {"machine": _machine_of(run, record)}
+        for record in records
+        for run in record["runs"]
+    ]
     settings = {**first["settings"], "arms": ",".join(arms), "runs": str(len(runs))}
     result = with_runs(settings, runs)
     earlier = first["provenance"].get("merged", [])
@@ -465,9 +488,10 @@ def merge(parser: argparse.ArgumentParser, paths: list[Path], out: Path) -> None
     print_over_runs(result)
 
 
-def _differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
-    """The settings (`SAME`) and machine parts (processor, cores) two results files differ in:
-    their arms only where the first arms differ or fewer than two are common to both."""
+def _differences(first: dict[str, Any], other: dict[str, Any], any_machine: bool) -> list[str]:
+    """The settings (`SAME`) and, unless `any_machine`, machine parts (processor, cores) two
+    results files differ in: their arms only where the first arms differ or fewer than two are
+    common to both."""
     differ = [
         k
         for k in SAME
@@ -477,8 +501,17 @@ def _differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
     ours, theirs = _arms(first), _arms(other)
     if ours[:1] != theirs[:1] or len(set(ours) & set(theirs)) < 2:
         differ.insert(0, "arms")
+    if any_machine:
+        return differ
     machines = [record["provenance"].get("machine", {}) for record in (first, other)]
     return differ + [k for k in ("cpu", "cores") if machines[0].get(k) != machines[1].get(k)]
+
+
+def _machine_of(run: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """The processor and cores a run was measured on: its own, kept from an earlier merge, else
+    its file's."""
+    machine = record["provenance"].get("machine", {})
+    return dict(run.get("machine", {k: machine.get(k) for k in ("cpu", "cores")}))
 
 
 def _arms(record: dict[str, Any]) -> list[str]:
@@ -495,7 +528,7 @@ def _parts(record: dict[str, Any]) -> list[dict[str, Any]]:
     """What a merged file's provenance says of each measurement whose runs `record` holds: its
     own, then those it merged earlier."""
     made = record["provenance"]
-    own = {k: made[k] for k in ("command", "commit", "dirty", "date") if k in made}
+    own = {k: made[k] for k in ("command", "commit", "dirty", "date", "machine") if k in made}
     return [own, *made.get("merged", [])]
 
 
@@ -520,20 +553,13 @@ def _workdir(arm: str, keep: Path | None) -> Iterator[Path]:
     yield folder
 
 
-def _reviewer_folder(reviewer: str | None) -> str | None:
-    """A named reviewer is built once, here, not in each arm's working folder."""
-    if reviewer in REVIEWERS:
-        return str(prepare_parted(REVIEWERS[reviewer], MODELS))
-    return reviewer
-
-
 class Serving(NamedTuple):
     """What every arm runs against: the base model, a running server's URL (None: each arm
     starts its own) and the reviewer (None: the policy reviews itself)."""
 
     model: Path
     server_url: str | None
-    reviewer: str | None
+    reviewer: Path | None
 
 
 def run_arms(
@@ -646,7 +672,7 @@ def _flywheel(
     if minutes:
         command += ["--minutes", str(minutes)]
     if reviewer and reviewed(arm):
-        command += ["--reviewer", reviewer]
+        command += ["--reviewer", str(reviewer)]
     print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
     started = time.monotonic()
     done = run_command(command, env=checkout_env())

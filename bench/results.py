@@ -112,6 +112,14 @@ def as_module(command: str) -> str:
     return SCRIPT.sub(r"\1 -m bench.\2", command)
 
 
+def _elsewhere(part: dict[str, Any], machine: dict[str, Any]) -> str:
+    """Where merged runs were measured, when not on the first file's kind of machine."""
+    theirs = part.get("machine", machine)
+    if (theirs["cpu"], theirs["cores"]) == (machine["cpu"], machine["cores"]):
+        return ""
+    return f" on {theirs['cpu']}, {theirs['cores']} cores"
+
+
 def _table(result: Result) -> str:
     made = result.provenance
     machine = made["machine"]
@@ -121,7 +129,10 @@ def _table(result: Result) -> str:
     again = made.get("refigured")
     refigured = f" · figures recomputed at `{again['commit']}`" if again else ""
     merged = made.get("merged", [])
-    added = "".join(f" · runs added {part['date'][:10]} at `{part['commit']}`" for part in merged)
+    added = "".join(
+        f" · runs added {part['date'][:10]} at `{part['commit']}`{_elsewhere(part, machine)}"
+        for part in merged
+    )
     lines = [
         f"`results/{result.path.name}` · {made['date'][:10]} · commit "
         f"`{made['commit']}`{dirty} · {where}{refigured}{added}",

@@ -170,30 +170,43 @@ def test_an_earlier_file_is_refigured_from_its_runs_and_says_so(tmp_path, monkey
         learn.main()
 
 
+XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "dtype": "bfloat16"}
+
+
+def curve(solved: int) -> dict:
+    """A one-round arm's curve that solved the first `solved` of 4 held-out tasks."""
+    return {"pass_at_1": [0.25, 0.5], "promoted": [True], "ended_s": [0, 100],
+            "solved": {f"t{i}": i < solved for i in range(4)}}  # fmt: skip
+
+
+def results_file(folder: Path, name: str, runs: list[dict], commit: str, rounds: str = "2",
+                 machine: dict = XEON, **more: str) -> Path:  # fmt: skip
+    """A learning benchmark's results file of `runs`, measured on `machine`."""
+    import json
+
+    from bench import learn
+
+    settings = {"arms": ",".join(runs[0]["arms"]), "rounds": rounds, "minutes": "30.0",
+                "reviewer": "qwen2.5-coder-0.5b", "keep": name, **more}  # fmt: skip
+    made = {"command": f".venv/bin/python -m bench.learn --json {name}", "commit": commit,
+            "date": "2026-12-06T04:49:14Z", "machine": machine}  # fmt: skip
+    for run in runs:
+        run["paired"] = learn.paired(run["arms"])
+    path = folder / name
+    path.write_text(json.dumps({"provenance": made, "figures": [], "settings": settings,
+                                "arms": runs[0]["arms"], "runs": runs}))  # fmt: skip
+    return path
+
+
 def test_runs_of_files_measured_alike_are_merged_into_one(tmp_path, monkeypatch) -> None:
+    import functools
     import json
     import sys
 
     from bench import learn
     from bench.results import Result, _table
 
-    def curve(solved: int) -> dict:
-        return {"pass_at_1": [0.25, 0.5], "promoted": [True], "ended_s": [0, 100],
-                "solved": {f"t{i}": i < solved for i in range(4)}}  # fmt: skip
-
-    def results(name: str, runs: list[dict], commit: str, rounds: str = "2", **more: str) -> Path:
-        settings = {"arms": ",".join(runs[0]["arms"]), "rounds": rounds, "minutes": "30.0",
-                    "reviewer": "qwen2.5-coder-0.5b", "keep": name, **more}  # fmt: skip
-        machine = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "dtype": "bfloat16"}
-        made = {"command": f".venv/bin/python -m bench.learn --json {name}", "commit": commit,
-                "date": "2026-12-06T04:49:14Z", "machine": machine}  # fmt: skip
-        for run in runs:
-            run["paired"] = learn.paired(run["arms"])
-        path = tmp_path / name
-        path.write_text(json.dumps({"provenance": made, "figures": [], "settings": settings,
-                                    "arms": runs[0]["arms"], "runs": runs}))  # fmt: skip
-        return path
-
+    results = functools.partial(results_file, tmp_path)
     first = results("a.json", [{"arms": {"default": curve(1), "default+examples": curve(2)}}],
                     "abc1234")  # fmt: skip
     more = [{"arms": {"default": curve(2), "default+examples": curve(3)}} for _ in range(2)]
@@ -344,6 +357,7 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
     [
         (["--taskset", "nope"], "unknown task set 'nope'"),
         (["--model", "nowhere"], "--model 'nowhere' is none of smollm2"),
+        (["--reviewer", "nobody"], "--reviewer 'nobody' is none of smollm2"),
         (["--model", "qwen2.5-coder-0.5b", "--server-url", "http://h"], "--server-url serves"),
     ],
 )
@@ -404,3 +418,45 @@ def test_arms_from_shared_rounds_are_compared_run_by_run() -> None:
     assert welch.low < 0
     result["settings"]["shared_rounds"] = "0"
     assert not any("paired over runs" in name for name in {f.name for f in figures(result)})
+
+
+def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, monkeypatch) -> None:
+    """--any-machine merges files from other processors: each run keeps its machine, the page
+    says where the added runs ran, and what a time budget held (rounds, pass@1 at the budget) is
+    left out, as it is no one measurement."""
+    import json
+    import sys
+
+    from bench import learn
+    from bench.results import Result, _table
+
+    epyc = {"cpu": "AMD EPYC", "cores": 2, "dtype": "bfloat16"}
+    runs = [{"arms": {"default": curve(1), "default+r3l": curve(3)}}]
+    first = results_file(tmp_path, "a.json", runs, "abc1234")
+    second = results_file(tmp_path, "b.json", [dict(run) for run in runs * 2], "def5678",
+                          machine=epyc)  # fmt: skip
+    out = tmp_path / "merged.json"
+    merge = ["learn.py", "--merge", str(first), str(second), "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", merge)
+    with pytest.raises(SystemExit):
+        learn.main()
+    assert not out.exists()
+    monkeypatch.setattr(sys, "argv", [*merge, "--any-machine"])
+    learn.main()
+    record = json.loads(out.read_text())
+    assert [run["machine"]["cpu"] for run in record["runs"]] == [
+        XEON["cpu"],
+        "AMD EPYC",
+        "AMD EPYC",
+    ]
+    names = {f["name"] for f in record["figures"]}
+    assert "default+r3l minus default, final pass@1 (Welch over runs)" in names
+    assert not [name for name in names if "budget" in name or "served at" in name]
+    page = _table(Result(out, record["provenance"], record["figures"]))
+    assert "runs added 2026-12-06 at `def5678` on AMD EPYC, 2 cores" in page
+    alike = results_file(tmp_path, "c.json", runs, "0123abc")
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(alike), "--json",
+                                      str(tmp_path / "alike.json")])  # fmt: skip
+    learn.main()  # one kind of machine: the budget's figures stay
+    names = {f["name"] for f in json.loads((tmp_path / "alike.json").read_text())["figures"]}
+    assert "default+r3l minus default, pass@1 served at 30 min (Welch over runs)" in names

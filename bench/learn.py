@@ -58,7 +58,8 @@ their differences. An arm's curve and wall time include the shared rounds.
 --json R` puts the runs of files measured with the same settings, on the same kind of machine,
 into one, with the arms they all ran (R's provenance is P's, and names the runs added).
 `--any-machine` merges runs of other processors too: each run keeps its machine, and what a
-time budget held, which depends on the machine's speed, is left out of R's figures.
+time budget held, which depends on the machine's speed, is left out of R's figures; the minutes
+until each arm's last round ended, a figure over runs, are given for each kind of machine.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png); `--keep DIR` keeps every
 run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`).
@@ -355,7 +356,28 @@ def over_runs(result: dict[str, Any]) -> list[Figure]:
         for arm in arms
         if not mixed_machines(result)
     ]
-    return means + rounds + differences + from_shared_rounds(result, arms)
+    return means + rounds + differences + from_shared_rounds(result, arms) + durations(result)
+
+
+def durations(result: dict[str, Any]) -> list[Figure]:
+    """Per arm, the minutes into a run its last round ended (what its method cost in time),
+    mean over runs; one figure per kind of machine where the runs were measured on several."""
+    machines: dict[str, list[dict[str, Any]]] = {}
+    for run in result["runs"]:
+        machines.setdefault(json.dumps(run.get("machine"), sort_keys=True), []).append(run)
+    found = []
+    for runs in machines.values():
+        machine = runs[0].get("machine")
+        where = f" on {machine['cpu']}" if len(machines) > 1 and machine else ""
+        found += [
+            Figure.mean(
+                f"{arm}: minutes until its last round ended, mean over runs{where}",
+                [run["arms"][arm]["ended_s"][-1] / 60 for run in runs],
+                unit="min",
+            )
+            for arm in runs[0]["arms"]
+        ]
+    return found
 
 
 def mixed_machines(result: dict[str, Any]) -> bool:
@@ -536,7 +558,10 @@ def print_over_runs(result: dict[str, Any]) -> None:
     if len(result["runs"]) < 2:
         return
     for figure in figures(result):
-        print(f"{figure.name}: {figure.value:+.3f} ({figure.low:+.3f} to {figure.high:+.3f})")
+        form = "+.3f" if " minus " in figure.name else ".3f"  # differences signed
+        spread = (f" ({figure.low:{form}} to {figure.high:{form}})"
+                  if figure.low is not None and figure.high is not None else "")  # fmt: skip
+        print(f"{figure.name}: {figure.value:{form}}{spread}")
 
 
 @contextmanager

@@ -71,8 +71,9 @@ def test_several_methods_go_on_top_of_the_default_at_once(tmp_path) -> None:
 def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
     from bench.learn import figures
 
-    def curve(solved: int, rounds: int = 3) -> dict:
-        return {"solved": {f"t{i}": i < solved for i in range(4)}, "pass_at_1": [0.0] * rounds}
+    def curve(solved: int, rounds: int = 3) -> dict:  # a round a minute
+        return {"solved": {f"t{i}": i < solved for i in range(4)}, "pass_at_1": [0.0] * rounds,
+                "ended_s": [60.0 * r for r in range(rounds)]}  # fmt: skip
 
     runs = [{"arms": {"default": curve(1), "default+r3l": curve(2, rounds=2)}},
             {"arms": {"default": curve(2), "default+r3l": curve(4)}}]  # fmt: skip
@@ -84,6 +85,8 @@ def test_arms_run_several_times_are_compared_with_welch_over_runs() -> None:
     assert welch.value == pytest.approx(0.375) and welch.n == 4
     rounds = found["default+r3l: rounds in the time budget, mean over runs"]
     assert (rounds.value, rounds.n) == (1.5, 2)  # a curve holds the base, then each round
+    took = found["default+r3l: minutes until its last round ended, mean over runs"]
+    assert (took.value, took.n, took.unit) == (1.5, 2, "min")
     assert welch.low is not None and welch.low < 0.375 < (welch.high or 0)
     single = {f.name: f for f in figures({**result, "paired": {}, "runs": runs[:1]})}
     assert single["default: final held-out pass@1"].counts == "policy"  # one run: per task
@@ -406,7 +409,8 @@ def test_arms_from_shared_rounds_are_compared_run_by_run() -> None:
     from bench.learn import figures
 
     def curve(solved: int) -> dict:
-        return {"solved": {f"t{i}": i < solved for i in range(8)}, "pass_at_1": [0.0, 0.0]}
+        return {"solved": {f"t{i}": i < solved for i in range(8)}, "pass_at_1": [0.0, 0.0],
+                "ended_s": [0.0, 60.0]}  # fmt: skip
 
     runs = [{"arms": {"default": curve(d), "default+r3l": curve(d + 1)}} for d in (2, 4, 6)]
     result = {"runs": runs, "settings": {"reviewer": "None", "shared_rounds": "1"}}
@@ -433,8 +437,10 @@ def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, m
     epyc = {"cpu": "AMD EPYC", "cores": 2, "dtype": "bfloat16"}
     runs = [{"arms": {"default": curve(1), "default+r3l": curve(3)}}]
     first = results_file(tmp_path, "a.json", runs, "abc1234")
-    second = results_file(tmp_path, "b.json", [dict(run) for run in runs * 2], "def5678",
-                          machine=epyc)  # fmt: skip
+    slower = {"default": curve(1) | {"ended_s": [0, 120]},
+              "default+r3l": curve(3) | {"ended_s": [0, 180]}}  # fmt: skip
+    second = results_file(tmp_path, "b.json", [{"arms": dict(slower)} for _ in range(2)],
+                          "def5678", machine=epyc)  # fmt: skip
     out = tmp_path / "merged.json"
     merge = ["learn.py", "--merge", str(first), str(second), "--json", str(out)]
     monkeypatch.setattr(sys, "argv", merge)
@@ -452,6 +458,14 @@ def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, m
     names = {f["name"] for f in record["figures"]}
     assert "default+r3l minus default, final pass@1 (Welch over runs)" in names
     assert not [name for name in names if "budget" in name or "served at" in name]
+    minutes = {f["name"]: f["value"] for f in record["figures"] if "minutes" in f["name"]}
+    ended = "minutes until its last round ended, mean over runs on"
+    assert minutes == {  # each kind of machine's time apart
+        f"default: {ended} {XEON['cpu']}": pytest.approx(100 / 60),
+        f"default+r3l: {ended} {XEON['cpu']}": pytest.approx(100 / 60),
+        f"default: {ended} AMD EPYC": pytest.approx(2.0),
+        f"default+r3l: {ended} AMD EPYC": pytest.approx(3.0),
+    }
     page = _table(Result(out, record["provenance"], record["figures"]))
     assert "runs added 2026-12-06 at `def5678` on AMD EPYC, 2 cores" in page
     alike = results_file(tmp_path, "c.json", runs, "0123abc")
@@ -460,3 +474,4 @@ def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, m
     learn.main()  # one kind of machine: the budget's figures stay
     names = {f["name"] for f in json.loads((tmp_path / "alike.json").read_text())["figures"]}
     assert "default+r3l minus default, pass@1 served at 30 min (Welch over runs)" in names
+    assert "default+r3l: minutes until its last round ended, mean over runs" in names

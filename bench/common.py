@@ -20,6 +20,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -189,23 +190,27 @@ CHILD_STOP_S = 120.0  # how long an interrupted benchmark waits for a command to
 
 
 def run_command(command: list[str], **popen: Any) -> subprocess.CompletedProcess[str]:
-    """`subprocess.run(command, capture_output=True, text=True)`, except when the benchmark is
-    interrupted: `subprocess.run` kills the command outright, and the model servers it started
-    in sessions of their own outlive both. Here the command is asked to stop (SIGTERM) and given
-    `CHILD_STOP_S` to stop them first."""
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
-    ) as process:
-        try:
-            out, err = process.communicate()
-        except KeyboardInterrupt:
-            process.terminate()
+    """`subprocess.run(command, capture_output=True, text=True)`, except in two ways. Its output
+    goes to files, not pipes, and is read once the command ends: a server the command started
+    in a session of its own (Prefect's temporary one) holds the pipes open after the command is
+    killed outright (for want of memory, say), and reading them to their end would wait on it
+    for good. And when the benchmark is interrupted, `subprocess.run` kills the command outright,
+    and the model servers it started outlive both: here the command is asked to stop (SIGTERM)
+    and given `CHILD_STOP_S` to stop them first."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        with subprocess.Popen(command, stdout=out, stderr=err, text=True, **popen) as process:
             try:
-                process.communicate(timeout=CHILD_STOP_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            raise
-    return subprocess.CompletedProcess(command, process.returncode, out, err)
+                process.wait()
+            except KeyboardInterrupt:
+                process.terminate()
+                try:
+                    process.wait(timeout=CHILD_STOP_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read())
 
 
 def stop_serve(process: subprocess.Popen[bytes], workdir: Path) -> None:

@@ -1,7 +1,8 @@
 """The vLLM server process: start it from its own environment, prove it generates, stop it.
 
 1. The server runs from a separate Python environment (vLLM's pins conflict with Prefect's), as
-   `python -m vllm.entrypoints.openai.api_server`, bound to loopback. It serves new versions
+   vLLM's `vllm.entrypoints.openai.api_server`, bound to loopback, through a few lines (`LAUNCH`)
+   that stop it when the process that started it is gone. It serves new versions
    either as LoRA adapters hot-loaded under new names (`weights="lora"`), or as merged weights
    reloaded in place through vLLM's dev-mode routes (`weights="merged"`, `serving.weights`),
    which leaves LoRA off and the model on its fast path. A restarted server starts from the base
@@ -274,10 +275,12 @@ class VllmServer:
 
     def _command(self) -> list[str]:
         s = self.settings
-        launch = ["-c", GUARD_EVERY_ROUTE] if s.api_key else ["-m", API_SERVER]
+        guard = GUARD_EVERY_ROUTE if s.api_key else ""
+        launch = LAUNCH.format(owner=OWNER, grace_s=s.stop_grace_s, guard=guard, module=API_SERVER)
         return [
             str(s.python),
-            *launch,
+            "-c",
+            launch,
             "--model",
             str(s.model_path),
             "--served-model-name",
@@ -323,6 +326,7 @@ class VllmServer:
         env.pop("VLLM_API_KEY", None)
         if self.settings.api_key:  # by environment: a command line is readable by anyone here
             env["VLLM_API_KEY"] = self.settings.api_key
+        env[OWNER] = str(os.getpid())  # the server stops when this process is gone
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.settings.kv_cache_gib))
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.settings.weights == "merged":  # in-place reload; the server is bound to loopback
@@ -334,15 +338,33 @@ class VllmServer:
 
 
 API_SERVER = "vllm.entrypoints.openai.api_server"
+# The server is started through these lines (`python -c`, then vLLM's own arguments). They stop
+# its whole process group, which it leads, once the process that started it is gone (killed, say,
+# for want of memory): else the server would keep its port, its cores and gigabytes of memory
+# with no one left to stop it. The owner's pid comes by environment (`OWNER`).
+LAUNCH = """
+import os, runpy, signal, threading, time
+
+def stop_when_orphaned(owner, grace_s):
+    while os.getppid() == owner:
+        time.sleep(1.0)
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(grace_s)
+    os.killpg(0, signal.SIGKILL)
+
+owner = int(os.environ.pop("{owner}"))
+threading.Thread(target=stop_when_orphaned, args=(owner, {grace_s}), daemon=True).start()
+{guard}
+runpy.run_module("{module}", run_name="__main__", alter_sys=True)
+"""
+OWNER = "FLYWHEEL_SERVER_OWNER"
 # vLLM's key guards /v1 and a few other prefixes; its other routes stay open (/tokenize,
 # /metrics, and with dev mode /pause and /collective_rpc, which reload weights in place). With a
-# key of its own, the server is started through these lines, which make every route take it.
-GUARD_EVERY_ROUTE = f"""
-import runpy
+# key of its own, the server's launch makes every route take it.
+GUARD_EVERY_ROUTE = """
 import vllm.entrypoints.serve.middleware.authenticate as authenticate
 assert isinstance(authenticate.GUARDED_PREFIX, tuple), "vLLM's key guard has moved"
 authenticate.GUARDED_PREFIX = ("/",)
-runpy.run_module("{API_SERVER}", run_name="__main__", alter_sys=True)
 """
 
 

@@ -191,6 +191,26 @@ def test_an_interrupted_benchmark_lets_its_command_stop_its_servers(tmp_path: Pa
     assert stopped.exists()  # the command's cleanup ran whole before the benchmark ended
 
 
+def test_a_command_killed_outright_ends_its_run_though_its_server_lives_on() -> None:
+    """A command killed by the kernel leaves the server it started in a session of its own
+    (Prefect's temporary one) holding its output open: the benchmark still sees it end, with
+    its exit code and what it wrote, and does not wait on the server."""
+    import os
+    import signal
+    import time
+
+    from bench.common import run_command
+
+    server = "setsid sleep 600 & echo $!; echo dying >&2; kill -9 $$"
+    started = time.monotonic()
+    done = run_command(["sh", "-c", server])
+    try:
+        assert time.monotonic() - started < 60, "waited on the server's open output"
+        assert done.returncode == -signal.SIGKILL and done.stderr == "dying\n"
+    finally:
+        os.kill(int(done.stdout.split()[0]), signal.SIGKILL)
+
+
 def test_an_overlapped_arm_reports_how_stale_its_trained_groups_were() -> None:
     from bench.run import figures, figures_of
 

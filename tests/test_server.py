@@ -1,5 +1,6 @@
 """Server lifecycle failures, each a one-line `ServingError` (no vLLM needed)."""
 
+import contextlib
 import os
 import socket
 import sys
@@ -88,10 +89,79 @@ def test_a_server_with_a_key_is_launched_so_that_every_route_takes_it() -> None:
 
     settings = ServerSettings(python=Path(sys.executable), model_path=Path("m"), served_name="m")
     open_command = VllmServer(settings)._command()
-    assert open_command[1:3] == ["-m", server.API_SERVER]
+    assert open_command[1] == "-c" and f'run_module("{server.API_SERVER}"' in open_command[2]
+    assert "GUARDED_PREFIX" not in open_command[2]
     keyed = VllmServer(settings.model_copy(update={"api_key": "k"}))._command()
     assert keyed[1] == "-c" and 'GUARDED_PREFIX = ("/",)' in keyed[2]
     assert keyed[3:] == open_command[3:] and "k" not in keyed  # the key goes by environment
+
+
+# Stands in for vLLM's API server: starts an engine process in its group, and both ignore
+# SIGTERM (as vLLM may while it loads), so that only SIGKILL stops them.
+FAKE_API_SERVER = """
+import os, pathlib, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+engine = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                           "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+pathlib.Path(os.environ["FAKE_PIDS"]).write_text(f"{os.getpid()} {engine.pid}")
+time.sleep(600)
+"""
+
+# Starts a server, then waits to be killed.
+OWNER = """
+import sys, time
+from pathlib import Path
+from serving.server import ServerSettings, VllmServer
+model, port, log = sys.argv[1:]
+VllmServer(ServerSettings(python=Path(sys.executable), model_path=Path(model), served_name="m",
+                          port=int(port), log_path=Path(log), stop_grace_s=2.0)).launch()
+time.sleep(600)
+"""
+
+
+def test_a_server_whose_owner_is_killed_stops_with_its_engine(tmp_path: Path) -> None:
+    """`flywheel run` killed outright (by the kernel, for want of memory) leaves no server
+    holding its port, cores and memory: the server's launch stops its whole group once its
+    owner is gone, with SIGKILL where SIGTERM is ignored. While the owner lives, it runs on."""
+    import signal
+    import subprocess
+
+    fake = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    fake.mkdir(parents=True)
+    for package in (fake, fake.parent, fake.parent.parent):
+        (package / "__init__.py").write_text("")
+    (fake / "api_server.py").write_text(FAKE_API_SERVER)
+    pids = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "FAKE_PIDS": str(pids)}
+    (tmp_path / "model").mkdir()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(tmp_path / "model"), str(_free_port()),
+         str(tmp_path / "server.log")],
+        env=env, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    try:
+        wait_until(pids.exists, 30.0, lambda: f"no server: {(tmp_path / 'server.log').read_text()}")
+        server, engine = map(int, pids.read_text().split())
+        time.sleep(2.0)
+        assert not _gone(server) and not _gone(engine), "stopped while its owner lives"
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        wait_until(
+            lambda: _gone(server) and _gone(engine), 20.0, lambda: "the server outlived its owner"
+        )
+    finally:
+        owner.kill()
+        for pid in map(int, pids.read_text().split() if pids.exists() else []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has ended (a zombie awaiting its reaper has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def test_a_reviewer_beside_the_policy_caches_its_prompts_in_small_blocks(

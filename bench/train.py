@@ -4,9 +4,11 @@ Both variants train the same LoRA (rank, modules, batch, epochs, learning rate, 
 same rows (prompt + completion token ids, completion tokens trained); ours adds per-token
 advantages and the importance-sampling weights. Each runs in its own process so that peak memory
 is its own, and the two alternate over `--passes`. Reports trained tokens/s with its interval
-over passes, our overhead, and peak memory (RSS; CUDA peak on a GPU).
+over passes, our overhead, and peak memory (RSS; CUDA peak on a GPU). `--micro-batch N` passes
+each batch in micro-batches of N rows (`[train] micro_batch_size`), both variants alike.
 
-    .venv/bin/python -m bench.train [--model smollm2|tiny] [--rows 64] [--passes 3] [--json PATH]
+    .venv/bin/python -m bench.train [--model smollm2|tiny|qwen2.5-coder-0.5b] [--rows 64]
+        [--batch-size 8] [--micro-batch N] [--passes 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -24,18 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Figure, provenance, write_results
+from cli.arguments import MODELS, model_folder
 from memory.records import Attempt, Group, Sample, SamplingSettings
-from serving.model import prepare_smollm2, prepare_tiny_llama
 from trainer.settings import TrainSettings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--model", choices=MODELS, default="smollm2")
     parser.add_argument("--rows", type=int, default=64, help="rows (attempts) to train on")
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--completion-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=None, help="rows a pass takes")
     parser.add_argument("--passes", type=int, default=3, help="of each variant, alternating")
     parser.add_argument("--variant", choices=("ours", "sft"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None)
@@ -94,12 +97,10 @@ def run_variant(variant: str) -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    models = ROOT / ".flywheel" / "models"
-    model_path = prepare_smollm2(models)
-    if args.model == "tiny":
-        model_path = prepare_tiny_llama(models, model_path)
+    model_path = model_folder(args.model, ROOT / ".flywheel" / "models")
     # GRPO keeps every row (RLTLDR would subsample them): this measures the trainer, not a filter.
-    settings = TrainSettings(epochs=1, batch_size=args.batch_size, mode="grpo")
+    settings = TrainSettings(epochs=1, batch_size=args.batch_size,
+                             micro_batch_size=args.micro_batch, mode="grpo")  # fmt: skip
     groups = synthetic_groups(args)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as scratch:
         if args.variant == "ours":
@@ -202,6 +203,7 @@ def synthetic_groups(args: argparse.Namespace) -> list[Group]:
 
 def print_table(r: dict[str, Any]) -> None:
     s = r["settings"]
+    micro = f" in micro-batches of {s['micro_batch']}" if s.get("micro_batch") else ""
     print(
         f"{'variant':<22}{'tokens/s':>10}{'train s':>10}{'peak RSS MiB':>14}{'peak CUDA MiB':>15}"
     )
@@ -214,7 +216,8 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"overhead of the flywheel round: {100 * r['overhead']:+.1f}% (goal <= 10%)")
     print(
         f"{s['model']} on {r['ours_device']}, {s['rows']} rows x ({s['prompt_tokens']} prompt + "
-        f"{s['completion_tokens']} trained tokens), batch {s['batch_size']}, 1 epoch, LoRA r=16"
+        f"{s['completion_tokens']} trained tokens), batch {s['batch_size']}{micro}, 1 epoch, "
+        "LoRA r=16"
     )
 
 

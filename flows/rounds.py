@@ -339,7 +339,8 @@ def given_up(record: TrainingRound) -> str | None:
         return None
     return (
         f"training began {MAX_STARTS} times on these groups and never finished (killed while "
-        "training: out of memory?); lower [train] batch_size or max_length"
+        "training: out of memory?); set [train] micro_batch_size (the same steps in less "
+        "memory) or lower max_length"
     )
 
 

@@ -252,3 +252,32 @@ def test_the_trust_region_stops_tokens_already_moved_in_their_advantages_directi
     assert torch.allclose(free, -signs * ratios / 4)
     ((kl, outside),) = drift
     assert outside == 0.5 and kl > 0
+
+
+def test_micro_batches_take_the_same_steps_as_whole_batches(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """A batch passed a row at a time, gradients summed, trains the same weights as the batch
+    at once: the loss stays the batch's token mean, so rows of unequal length (2, 9 and 4
+    tokens here) keep their weight. A micro-batch that does not divide the batch is refused."""
+    import pydantic
+    from safetensors.torch import load_file
+
+    from trainer.round import training_config
+
+    uneven = [make_group([1.0, 0.0, 0.5, 0.0], task_id=f"t{n}", completion_len=n)
+              for n in (2, 9, 4)]  # fmt: skip
+    trained = {}
+    for micro in (None, 1):
+        settings = FAST.model_copy(update={"micro_batch_size": micro, "save_steps": 0})
+        result = train_round(uneven, base_model=tiny_model_path, parent_adapter=None,
+                             adapters_root=tmp_path / f"m{micro}", name="p",
+                             settings=settings)  # fmt: skip
+        trained[micro] = load_file(Path(result.adapter_path) / "adapter_model.safetensors")
+    assert trained[None].keys() == trained[1].keys()
+    moved = [(trained[None][k] - trained[1][k]).abs().max().item() for k in trained[None]]
+    assert max(moved) < 1e-5, f"micro-batches trained other weights (by up to {max(moved):.2e})"
+    config = training_config(FAST.model_copy(update={"micro_batch_size": 2}), str(tmp_path))
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 2)
+    with pytest.raises(pydantic.ValidationError, match="does not divide batch_size"):
+        TrainSettings(batch_size=8, micro_batch_size=3)

@@ -78,6 +78,10 @@ class RoundResult(BaseModel):
 class PolicyGradientTrainer(SFTTrainer):
     """SFTTrainer with an advantage-weighted, importance-corrected policy-gradient loss."""
 
+    # The loss is the token mean of the whole batch, micro-batches and all (`batch_tokens`):
+    # the trainer must not divide it again by the number of micro-batches.
+    loss_is_scaled_for_ga = True
+
     def __init__(
         self,
         *args: Any,
@@ -88,7 +92,7 @@ class PolicyGradientTrainer(SFTTrainer):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.is_cap, self.shaping_gamma, self.clip = is_cap, shaping_gamma, clip
-        self.drift: list[tuple[float, float]] = []  # per step: (KL, share outside the region)
+        self.drift: list[tuple[float, float]] = []  # per pass: (KL, share outside the region)
 
     def compute_loss(
         self,
@@ -116,11 +120,23 @@ class PolicyGradientTrainer(SFTTrainer):
         rho = torch.exp(torch.where(off_policy[:, None], logp - behaviour, 0.0))
         shaped = rho / (rho + self.shaping_gamma)
         per_token = torch.where(off_policy[:, None], shaped, weight * logp) * -advantages * mask
-        loss = per_token.sum() / mask.sum().clamp(min=1.0)
+        passes = getattr(self, "current_gradient_accumulation_steps", 1)  # set once training
+        loss = per_token.sum() / batch_tokens(mask, num_items_in_batch, passes)
         drift = drift_of(ratio, sampled, outside) if getattr(model, "training", False) else None
         if drift is not None:
             self.drift.append(drift)
         return (loss, outputs) if return_outputs else loss
+
+
+def batch_tokens(mask: torch.Tensor, num_items_in_batch: Any, passes: int) -> torch.Tensor:
+    """The trained tokens of the whole batch a micro-batch (`mask`) belongs to: the trainer's
+    count over every micro-batch of the step, else (it counts none) this one's times the
+    `passes` of a step."""
+    if num_items_in_batch is None:
+        counted = mask.sum() * passes
+    else:
+        counted = torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
+    return counted.clamp(min=1.0)
 
 
 def outside_region(ratio: torch.Tensor, advantages: torch.Tensor, eps: float) -> torch.Tensor:
@@ -227,8 +243,9 @@ def disk_errors(where: Path) -> Iterator[None]:
 
 
 def _drift_figures(drift: list[tuple[float, float]]) -> dict[str, float | None]:
-    """The KL from the sampling policy over the first and last tenth of the steps, and the share
-    of sampled tokens outside the trust region over the round."""
+    """The KL from the sampling policy over the first and last tenth of the passes (a step
+    makes one a micro-batch), and the share of sampled tokens outside the trust region over the
+    round."""
     if not drift:
         return {}
     tenth = max(1, len(drift) // 10)
@@ -320,7 +337,11 @@ def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
     on_gpu = _device(settings) == "cuda"
     return SFTConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=settings.batch_size,
+        per_device_train_batch_size=settings.batch_size // settings.micro_batches,
+        gradient_accumulation_steps=settings.micro_batches,
+        # each process counts its own tokens: its loss is its own batch's token mean, and the
+        # processes' gradients are averaged
+        average_tokens_across_devices=False,
         num_train_epochs=settings.epochs,
         learning_rate=settings.learning_rate,
         lr_scheduler_type="constant",

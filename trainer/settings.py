@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memory.records import AdvantageMode
 
@@ -33,7 +33,15 @@ class TrainSettings(BaseModel):
     lora_rank: int = 16
     lora_alpha: int = 32
     epochs: int = Field(1, ge=1, description="passes over a round's rows")
-    batch_size: int = 8
+    batch_size: int = Field(8, ge=1, description="rows an optimizer step learns from")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="rows a forward and backward pass takes at once, the step's gradients summed "
+        "over its micro-batches and its loss still the token mean of the whole batch: the same "
+        "step in less memory, as activations grow with the rows a pass holds (unset: the whole "
+        "batch at once)",
+    )
     batch_order: Literal["length", "random"] = Field(
         "random",
         description="random: the trainer shuffles the rows; length: batches of rows of near "
@@ -78,3 +86,17 @@ class TrainSettings(BaseModel):
         "torchrun and TRL's trainer (through accelerate) splits each batch across them",
     )
     save_steps: int = Field(10, ge=0, description="trainer state saved every N steps; 0: never")
+
+    @model_validator(mode="after")
+    def _micro_batches_fill_a_batch(self) -> TrainSettings:
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size {self.micro_batch_size} does not divide "
+                f"batch_size {self.batch_size}"
+            )
+        return self
+
+    @property
+    def micro_batches(self) -> int:
+        """Passes an optimizer step takes: the batch in micro-batches."""
+        return self.batch_size // (self.micro_batch_size or self.batch_size)

@@ -80,7 +80,7 @@ class PolicyGradientTrainer(SFTTrainer):
 
     # The loss is the token mean of the whole batch, micro-batches and all (`batch_tokens`):
     # the trainer must not divide it again by the number of micro-batches.
-    loss_is_scaled_for_ga = True
+    loss_is_scaled_for_ga = True  # type: ignore[assignment]  # TRL declares it None
 
     def __init__(
         self,

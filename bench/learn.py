@@ -362,11 +362,9 @@ def over_runs(result: dict[str, Any]) -> list[Figure]:
 def durations(result: dict[str, Any]) -> list[Figure]:
     """Per arm, the minutes into a run its last round ended (what its method cost in time),
     mean over runs; one figure per kind of machine where the runs were measured on several."""
-    machines: dict[str, list[dict[str, Any]]] = {}
-    for run in result["runs"]:
-        machines.setdefault(json.dumps(run.get("machine"), sort_keys=True), []).append(run)
+    machines = by_machine(result)
     found = []
-    for runs in machines.values():
+    for runs in machines:
         machine = runs[0].get("machine")
         where = f" on {machine['cpu']}" if len(machines) > 1 and machine else ""
         found += [
@@ -383,7 +381,15 @@ def durations(result: dict[str, Any]) -> list[Figure]:
 def mixed_machines(result: dict[str, Any]) -> bool:
     """Whether the runs were measured on more than one kind of machine (`--any-machine`), so
     that what a time budget held is not one measurement."""
-    return len({json.dumps(run.get("machine")) for run in result["runs"]}) > 1
+    return len(by_machine(result)) > 1
+
+
+def by_machine(result: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The runs, grouped by the kind of machine each was measured on, in order."""
+    machines: dict[str, list[dict[str, Any]]] = {}
+    for run in result["runs"]:
+        machines.setdefault(json.dumps(run.get("machine"), sort_keys=True), []).append(run)
+    return list(machines.values())
 
 
 def from_shared_rounds(result: dict[str, Any], arms: dict[str, list[float]]) -> list[Figure]:

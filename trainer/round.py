@@ -337,7 +337,7 @@ def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
     on_gpu = _device(settings) == "cuda"
     return SFTConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=settings.batch_size // settings.micro_batches,
+        per_device_train_batch_size=settings.micro_batch_size or settings.batch_size,
         gradient_accumulation_steps=settings.micro_batches,
         # each process counts its own tokens: its loss is its own batch's token mean, and the
         # processes' gradients are averaged

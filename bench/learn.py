@@ -61,11 +61,15 @@ into one, with the arms they all ran (R's provenance is P's, and names the runs 
 time budget held, which depends on the machine's speed, is left out of R's figures; the minutes
 until each arm's last round ended, a figure over runs, are given for each kind of machine.
 
+`--set KEY=VALUE` adds a setting to every arm's own (`train.micro_batch_size=2` trains a 0.5B
+policy in half the memory, the same steps); files merged must have been measured with the same.
+
 Prints a table, writes the curves as JSON (--json) and PNG (--png); `--keep DIR` keeps every
 run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`).
 
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
-        [--shared-rounds K] [--reviewer NAME] [--keep DIR] [--json P] [--png P]
+        [--shared-rounds K] [--reviewer NAME] [--set KEY=VALUE ...] [--keep DIR] [--json P]
+        [--png P]
     .venv/bin/python -m bench.learn --refigure P
     .venv/bin/python -m bench.learn --merge P Q [...] [--any-machine] --json R
 """
@@ -80,6 +84,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +103,7 @@ from bench.common import (
 from bench.smollm2_server import MODELS, smollm2_server
 from cli.arguments import model_folder
 from flows.errors import FlowError
+from flows.settings import load_run_settings
 from memory import library, store
 from memory.records import Attempt
 from reports.intervals import error_bars, paired_difference, welch_difference
@@ -208,6 +214,14 @@ def main() -> None:
     parser.add_argument("--server-url", default=None, help="a running vLLM server with SmolLM2")
     parser.add_argument("--reviewer", default=None, help="a reviewer model for r3l and herl")
     parser.add_argument("--port", type=int, default=8021)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for every arm beside its own, as a TOML value (train.micro_batch_size=2: "
+        "a 0.5B policy's training in less memory)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep every run here (run-N/ARM)")
     parser.add_argument(
         "--pair",
@@ -261,6 +275,10 @@ def main() -> None:
         )
     if not 0 <= args.shared_rounds < args.rounds:
         parser.error(f"--shared-rounds {args.shared_rounds}: 0 to {args.rounds - 1} (--rounds)")
+    try:
+        common_settings(args.set, arms)
+    except FlowError as error:
+        parser.error(str(error))
     if args.server_url and args.model != "smollm2":
         parser.error("--server-url serves SmolLM2: leave --model out, or the server out")
     try:
@@ -480,9 +498,9 @@ def _read_result(parser: argparse.ArgumentParser, flag: str, path: Path) -> dict
 
 # Settings that make runs comparable: files merged must agree on them.
 SAME = ("arms", "rounds", "shared_rounds", "minutes", "tasks", "group_size", "eval_tasks",
-        "server_url", "reviewer", "model", "taskset")  # fmt: skip
+        "server_url", "reviewer", "model", "taskset", "set")  # fmt: skip
 # what a setting was before the benchmark recorded it
-UNSET = {"shared_rounds": "0", "model": "smollm2", "taskset": "arithmetic"}
+UNSET = {"shared_rounds": "0", "model": "smollm2", "taskset": "arithmetic", "set": "[]"}
 
 
 def merge(
@@ -678,7 +696,7 @@ def _flywheel(
     settings = arm_settings(arm)
     if settings is None:
         raise ValueError(f"unknown arm {arm!r}")
-    spec = dict(settings)
+    spec = settings | common_settings(args.set, [arm])
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     config = workdir / "arm.toml"
     config.write_text(_toml(spec))
@@ -799,6 +817,26 @@ def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
         out[arm] = {"vs": first, "tasks": len(common), "difference": diff, "low": low,
                     "high": high, "won": won, "lost": lost}  # fmt: skip
     return out
+
+
+def common_settings(pairs: list[str], arms: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` settings, each value read as TOML (a bare word as a string), checked as
+    `flywheel run` would check them. Raises FlowError on one that is no setting, has a bad
+    value, or is one an arm sets itself."""
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = (part.strip() for part in pair.partition("="))
+        if not (sep and key and text):
+            raise FlowError(f"--set {pair}: expected KEY=VALUE, like train.micro_batch_size=2")
+        try:
+            found[key] = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:  # a bare word: a string
+            found[key] = text
+        for arm in arms:
+            if key in (arm_settings(arm) or {}):
+                raise FlowError(f"--set {key}: arm {arm} sets it itself")
+    load_run_settings(None, found, {key: f"--set {key}" for key in found})
+    return found
 
 
 def _toml(spec: dict[str, Any]) -> str:

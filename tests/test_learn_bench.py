@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.learn import final_version, paired
+from flows.settings import load_run_settings
 
 
 def test_an_arm_serves_its_last_promoted_round_or_the_base_model() -> None:
@@ -362,6 +363,10 @@ def test_a_run_cut_short_leaves_the_runs_it_finished_and_says_how_many(
         (["--model", "nowhere"], "--model 'nowhere' is none of smollm2"),
         (["--reviewer", "nobody"], "--reviewer 'nobody' is none of smollm2"),
         (["--model", "qwen2.5-coder-0.5b", "--server-url", "http://h"], "--server-url serves"),
+        (["--set", "train.micro_batch_size"], "--set train.micro_batch_size: expected KEY=VALUE"),
+        (["--set", "train.mode=r3l"], "--set train.mode: arm default sets it itself"),
+        (["--set", "train.batch_size=two"], "--set train.batch_size: Input should be a valid"),
+        (["--set", "train.micro_batch=2"], "--set train.micro_batch: Extra inputs"),
     ],
 )
 def test_a_policy_or_task_set_that_cannot_run_is_refused_in_one_line(
@@ -379,7 +384,8 @@ def test_a_policy_or_task_set_that_cannot_run_is_refused_in_one_line(
 
 
 def test_arms_run_the_chosen_policy_on_the_chosen_task_set(tmp_path, monkeypatch) -> None:
-    """--model and --taskset reach every arm's `flywheel run`: its --model and --taskset."""
+    """--model and --taskset reach every arm's `flywheel run`: its --model and --taskset; --set
+    settings its config, beside the arm's own."""
     import argparse
 
     from bench import learn
@@ -392,12 +398,14 @@ def test_arms_run_the_chosen_policy_on_the_chosen_task_set(tmp_path, monkeypatch
 
     monkeypatch.setattr(learn, "run_command", run_command)
     args = argparse.Namespace(tasks=8, group_size=4, eval_tasks=16, taskset="two_digit_sums",
-                              port=8021)  # fmt: skip
+                              port=8021, set=["train.micro_batch_size = 2"])  # fmt: skip
     serving = learn.Serving(tmp_path / "qwen", None, None)
     with pytest.raises(SystemExit, match="arm default failed"):
         learn._flywheel("default", tmp_path, learn.Budget(1, None), args, serving)
     command = commands[0]
     assert command[command.index("--model") + 1] == str(tmp_path / "qwen")
+    config = load_run_settings(Path(command[command.index("--config") + 1]), {})
+    assert config.train.micro_batch_size == 2 and config.collect.revise.enabled
     with pytest.raises(ValueError, match="unknown arm"):  # never run as the policy alone
         learn._flywheel("default+typo+r3l", tmp_path, learn.Budget(1, None), args, serving)
     assert command[command.index("--taskset") + 1] == "two_digit_sums"

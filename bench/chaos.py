@@ -214,9 +214,11 @@ def supervised_server(model_path: Path, log_path: Path, port: int) -> Iterator[V
         yield server
 
 
-def server_killed(server: VllmServer, db_url: str, tasks: int, group_size: int) -> Row:
+def server_killed(
+    server: VllmServer, db_url: str, tasks: int, group_size: int, max_tokens: int = STRUCK_TOKENS
+) -> Row:
     """SIGKILL the server's API process with the batch's rollouts in flight."""
-    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, STRUCK_TOKENS)
+    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, max_tokens)
     thread = scene.collect(worker_settings())
     wait_busy(server.url, min(16, tasks * group_size), thread)
     assert server.pid is not None
@@ -226,9 +228,11 @@ def server_killed(server: VllmServer, db_url: str, tasks: int, group_size: int) 
     return scene.row("server killed (SIGKILL)", struck)
 
 
-def server_stalled(server: VllmServer, db_url: str, tasks: int, group_size: int) -> Row:
+def server_stalled(
+    server: VllmServer, db_url: str, tasks: int, group_size: int, max_tokens: int = STRUCK_TOKENS
+) -> Row:
     """Stop the engine processes only: `/health` answers, no token comes."""
-    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, STRUCK_TOKENS)
+    scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, max_tokens)
     thread = scene.collect(worker_settings())
     wait_busy(server.url, min(16, tasks * group_size), thread)
     assert server.pid is not None

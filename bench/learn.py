@@ -384,7 +384,7 @@ def durations(result: dict[str, Any]) -> list[Figure]:
     found = []
     for runs in machines:
         machine = runs[0].get("machine")
-        where = f" on {machine['cpu']}" if len(machines) > 1 and machine else ""
+        where = f" on {_named(machine)}" if len(machines) > 1 and machine else ""
         found += [
             Figure.mean(
                 f"{arm}: minutes until its last round ended, mean over runs{where}",
@@ -394,6 +394,11 @@ def durations(result: dict[str, Any]) -> list[Figure]:
             for arm in runs[0]["arms"]
         ]
     return found
+
+
+def _named(machine: dict[str, Any]) -> str:
+    """A kind of machine as the figures name it: its processor, and what it serves in."""
+    return machine["cpu"] + (f" ({machine['dtype']})" if machine.get("dtype") else "")
 
 
 def mixed_machines(result: dict[str, Any]) -> bool:
@@ -549,15 +554,23 @@ def _differences(first: dict[str, Any], other: dict[str, Any], any_machine: bool
         differ.insert(0, "arms")
     if any_machine:
         return differ
-    machines = [record["provenance"].get("machine", {}) for record in (first, other)]
-    return differ + [k for k in ("cpu", "cores") if machines[0].get(k) != machines[1].get(k)]
+    ours, theirs = (record["provenance"].get("machine", {}) for record in (first, other))
+    return differ + [
+        k
+        for k in ("cpu", "cores", "dtype")
+        if ours.get(k) != theirs.get(k) and (k != "dtype" or k in ours and k in theirs)
+    ]
 
 
 def _machine_of(run: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
-    """The processor and cores a run was measured on: its own, kept from an earlier merge, else
-    its file's."""
+    """The processor, cores and serving dtype (where recorded) a run was measured on: its own,
+    kept from an earlier merge, else its file's. A processor's name alone does not tell an AMD
+    EPYC that serves in bfloat16 from one that serves in float32, at about half the speed."""
     machine = record["provenance"].get("machine", {})
-    return dict(run.get("machine", {k: machine.get(k) for k in ("cpu", "cores")}))
+    kept = {k: machine.get(k) for k in ("cpu", "cores")} | (
+        {"dtype": machine["dtype"]} if "dtype" in machine else {}
+    )
+    return dict(run.get("machine", kept))
 
 
 def _arms(record: dict[str, Any]) -> list[str]:

@@ -468,11 +468,12 @@ def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, m
     assert not [name for name in names if "budget" in name or "served at" in name]
     minutes = {f["name"]: f["value"] for f in record["figures"] if "minutes" in f["name"]}
     ended = "minutes until its last round ended, mean over runs on"
+    xeon = f"{XEON['cpu']} (bfloat16)"
     assert minutes == {  # each kind of machine's time apart
-        f"default: {ended} {XEON['cpu']}": pytest.approx(100 / 60),
-        f"default+r3l: {ended} {XEON['cpu']}": pytest.approx(100 / 60),
-        f"default: {ended} AMD EPYC": pytest.approx(2.0),
-        f"default+r3l: {ended} AMD EPYC": pytest.approx(3.0),
+        f"default: {ended} {xeon}": pytest.approx(100 / 60),
+        f"default+r3l: {ended} {xeon}": pytest.approx(100 / 60),
+        f"default: {ended} AMD EPYC (bfloat16)": pytest.approx(2.0),
+        f"default+r3l: {ended} AMD EPYC (bfloat16)": pytest.approx(3.0),
     }
     page = _table(Result(out, record["provenance"], record["figures"]))
     assert "runs added 2026-12-06 at `def5678` on AMD EPYC, 2 cores" in page
@@ -483,3 +484,13 @@ def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, m
     names = {f["name"] for f in json.loads((tmp_path / "alike.json").read_text())["figures"]}
     assert "default+r3l minus default, pass@1 served at 30 min (Welch over runs)" in names
     assert "default+r3l: minutes until its last round ended, mean over runs" in names
+    # the same processor serving in float32, at about half the speed: another kind of machine
+    slow = results_file(tmp_path, "d.json", runs, "4567def", machine=epyc | {"dtype": "float32"})
+    merge = ["learn.py", "--merge", str(second), str(slow), "--json", str(tmp_path / "d2.json")]
+    monkeypatch.setattr(sys, "argv", merge)
+    with pytest.raises(SystemExit):
+        learn.main()
+    monkeypatch.setattr(sys, "argv", [*merge, "--any-machine"])
+    learn.main()
+    record = json.loads((tmp_path / "d2.json").read_text())
+    assert {run["machine"]["dtype"] for run in record["runs"]} == {"bfloat16", "float32"}

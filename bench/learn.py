@@ -398,7 +398,7 @@ def durations(result: dict[str, Any]) -> list[Figure]:
 
 def _named(machine: dict[str, Any]) -> str:
     """A kind of machine as the figures name it: its processor, and what it serves in."""
-    return machine["cpu"] + (f" ({machine['dtype']})" if machine.get("dtype") else "")
+    return str(machine["cpu"]) + (f" ({machine['dtype']})" if machine.get("dtype") else "")
 
 
 def mixed_machines(result: dict[str, Any]) -> bool:

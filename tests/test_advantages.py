@@ -296,3 +296,20 @@ def test_a_turn_is_compared_with_turns_that_met_a_similar_observation() -> None:
         1,
     ]
     assert observations(episode(0, 1.0, ["r1", "r2"])) == ["task", "r1", "r2"]
+
+
+def test_padding_is_counted_per_pass_of_a_micro_batch() -> None:
+    """A micro-batch pads to its own longest row, not to the step's."""
+    rows = [
+        TrainRow(input_ids=[1] * n, labels=[1] * n, advantages=[0.5] * n,
+                 behaviour_logprobs=[0.0] * n, reward=1.0)
+        for n in (2, 9, 4, 4)
+    ]  # fmt: skip
+    assert padded_share(rows, 4) == pytest.approx(1 - 19 / 36)  # one pass, all to 9
+    assert padded_share(rows, 2) == pytest.approx(1 - 19 / 26)  # (2, 9) to 9, (4, 4) to 4
+    micro = TrainSettings(batch_size=4, micro_batch_size=2)
+    assert (micro.pass_size, micro.micro_batches, TrainSettings(batch_size=4).pass_size) == (
+        2,
+        2,
+        4,
+    )

@@ -92,11 +92,12 @@ def length_batches(rows: list[TrainRow], batch_size: int, seed: int) -> list[Tra
     return [row for batch in batches for row in batch]
 
 
-def padded_share(rows: list[TrainRow], batch_size: int) -> float:
-    """The share of the positions a round computes that are padding, batched in this order."""
+def padded_share(rows: list[TrainRow], pass_size: int) -> float:
+    """The share of the positions a round computes that are padding, passed `pass_size` rows at
+    a time in this order (a micro-batch pads to its own longest row)."""
     computed = real = 0
-    for start in range(0, len(rows), batch_size):
-        lengths = [len(row.input_ids) for row in rows[start : start + batch_size]]
+    for start in range(0, len(rows), pass_size):
+        lengths = [len(row.input_ids) for row in rows[start : start + pass_size]]
         computed, real = computed + max(lengths) * len(lengths), real + sum(lengths)
     return 1.0 - real / computed if computed else 0.0
 

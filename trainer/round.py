@@ -209,7 +209,7 @@ def train_round(
     shape = {
         "steps": trainer.state.global_step,
         "processes": trainer.args.world_size,
-        "padded_share": padded_share(rows, settings.batch_size) if ordered else None,
+        "padded_share": padded_share(rows, settings.pass_size) if ordered else None,
     }
     if not trainer.is_world_process_zero():  # another process of a distributed round
         return _result(published, rows, [], 0.0, started, step).model_copy(update=shape)
@@ -337,7 +337,7 @@ def training_config(settings: TrainSettings, output_dir: str) -> SFTConfig:
     on_gpu = _device(settings) == "cuda"
     return SFTConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=settings.micro_batch_size or settings.batch_size,
+        per_device_train_batch_size=settings.pass_size,
         gradient_accumulation_steps=settings.micro_batches,
         # each process counts its own tokens: its loss is its own batch's token mean, and the
         # processes' gradients are averaged

@@ -99,4 +99,9 @@ class TrainSettings(BaseModel):
     @property
     def micro_batches(self) -> int:
         """Passes an optimizer step takes: the batch in micro-batches."""
-        return self.batch_size // (self.micro_batch_size or self.batch_size)
+        return self.batch_size // self.pass_size
+
+    @property
+    def pass_size(self) -> int:
+        """The rows one forward and backward pass holds: a micro-batch, else the whole batch."""
+        return self.micro_batch_size or self.batch_size

@@ -9,6 +9,7 @@ run starts: the commit at the end may be another.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -189,15 +190,24 @@ def machine() -> dict[str, Any]:
 CHILD_STOP_S = 120.0  # how long an interrupted benchmark waits for a command to stop its servers
 
 
-def run_command(command: list[str], **popen: Any) -> subprocess.CompletedProcess[str]:
+def run_command(
+    command: list[str], log: Path | None = None, **popen: Any
+) -> subprocess.CompletedProcess[str]:
     """`subprocess.run(command, capture_output=True, text=True)`, except in two ways. Its output
     goes to files, not pipes, and is read once the command ends: a server the command started
     in a session of its own (Prefect's temporary one) holds the pipes open after the command is
     killed outright (for want of memory, say), and reading them to their end would wait on it
     for good. And when the benchmark is interrupted, `subprocess.run` kills the command outright,
     and the model servers it started outlive both: here the command is asked to stop (SIGTERM)
-    and given `CHILD_STOP_S` to stop them first."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    and given `CHILD_STOP_S` to stop them first. With `log`, its stderr (a flywheel command's
+    progress) is written there as it comes, to be followed while it runs."""
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(tempfile.TemporaryFile("w+"))
+        err = (
+            files.enter_context(log.open("w+", encoding="utf-8"))
+            if log
+            else files.enter_context(tempfile.TemporaryFile("w+"))
+        )
         with subprocess.Popen(command, stdout=out, stderr=err, text=True, **popen) as process:
             try:
                 process.wait()

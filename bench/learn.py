@@ -65,7 +65,8 @@ until each arm's last round ended, a figure over runs, are given for each kind o
 policy in half the memory, the same steps); files merged must have been measured with the same.
 
 Prints a table, writes the curves as JSON (--json) and PNG (--png); `--keep DIR` keeps every
-run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`).
+run's stores, versions and logs in `DIR/run-N/ARM` (and `DIR/run-N/shared`). Each arm's
+progress is in its folder's `run.log` while it runs (the path is printed).
 
     .venv/bin/python -m bench.learn [--arms grpo,r3l] [--runs N] [--rounds 3] [--minutes M]
         [--shared-rounds K] [--reviewer NAME] [--set KEY=VALUE ...] [--keep DIR] [--json P]
@@ -735,9 +736,10 @@ def _flywheel(
         command += ["--minutes", str(minutes)]
     if reviewer and reviewed(arm):
         command += ["--reviewer", str(reviewer)]
-    print(f"[{arm}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    log = workdir / "run.log"
+    print(f"[{arm}] {' '.join(command[1:])}\n[{arm}] progress: {log}", file=sys.stderr, flush=True)
     started = time.monotonic()
-    done = run_command(command, env=checkout_env())
+    done = run_command(command, log=log, env=checkout_env())
     if done.returncode != 0:
         sys.exit(f"arm {arm} failed:\n{done.stderr[-3000:]}")
     seconds = time.monotonic() - started

@@ -191,7 +191,7 @@ def test_an_interrupted_benchmark_lets_its_command_stop_its_servers(tmp_path: Pa
     assert stopped.exists()  # the command's cleanup ran whole before the benchmark ended
 
 
-def test_a_command_killed_outright_ends_its_run_though_its_server_lives_on() -> None:
+def test_a_command_killed_outright_ends_its_run_though_its_server_lives_on(tmp_path) -> None:
     """A command killed by the kernel leaves the server it started in a session of its own
     (Prefect's temporary one) holding its output open: the benchmark still sees it end, with
     its exit code and what it wrote, and does not wait on the server."""
@@ -207,6 +207,12 @@ def test_a_command_killed_outright_ends_its_run_though_its_server_lives_on() -> 
     try:
         assert time.monotonic() - started < 60, "waited on the server's open output"
         assert done.returncode == -signal.SIGKILL and done.stderr == "dying\n"
+    finally:
+        os.kill(int(done.stdout.split()[0]), signal.SIGKILL)
+    log = tmp_path / "run.log"  # its progress, to be followed while it runs
+    done = run_command(["sh", "-c", server], log=log)
+    try:
+        assert done.stderr == "dying\n" == log.read_text()
     finally:
         os.kill(int(done.stdout.split()[0]), signal.SIGKILL)
 

@@ -1,4 +1,4 @@
-# The two commands: `make run` (the main job) and `make test` (the default suite, about 20
+# The two commands: `make run` (the main job) and `make test` (the default suite, about 25
 # minutes on 2 cores; .ci/run calls it, then `make test-slow`: the tests marked slow).
 # Both install what is missing first: the application's environment (.venv), the model server's
 # environment (.venv-serving, vLLM for CPU), and the SmolLM2 model folder (.flywheel/models);

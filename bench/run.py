@@ -84,8 +84,10 @@ def one_run(arm: str, port: int) -> dict[str, Any]:
             "--summary-json", str(work / "summary.json"), "--port", str(port),
             "--prefect", "temporary",
         ]  # fmt: skip
+        log = work / "run.log"
+        print(f"  progress: {log}", flush=True)
         started = time.monotonic()
-        done = run_command(command, cwd=ROOT, env=checkout_env())
+        done = run_command(command, log=log, cwd=ROOT, env=checkout_env())
         seconds = time.monotonic() - started
         if done.returncode != 0:
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]

@@ -78,6 +78,7 @@ progress is in its folder's `run.log` while it runs (the path is printed).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import shutil
@@ -544,12 +545,7 @@ def _differences(first: dict[str, Any], other: dict[str, Any], any_machine: bool
     """The settings (`SAME`) and, unless `any_machine`, machine parts (processor, cores) two
     results files differ in: their arms only where the first arms differ or fewer than two are
     common to both."""
-    differ = [
-        k
-        for k in SAME
-        if k != "arms"
-        and other["settings"].get(k, UNSET.get(k)) != first["settings"].get(k, UNSET.get(k))
-    ]
+    differ = [k for k in SAME if k != "arms" and _setting(other, k) != _setting(first, k)]
     ours, theirs = _arms(first), _arms(other)
     if ours[:1] != theirs[:1] or len(set(ours) & set(theirs)) < 2:
         differ.insert(0, "arms")
@@ -832,6 +828,15 @@ def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
         out[arm] = {"vs": first, "tasks": len(common), "difference": diff, "low": low,
                     "high": high, "won": won, "lost": lost}  # fmt: skip
     return out
+
+
+def _setting(record: dict[str, Any], key: str) -> Any:
+    """A results file's setting `key` as recorded, or as it reads where unrecorded; `--set`'s
+    pairs as the settings they make, so that `x=2` and `x = 2` are the same."""
+    text = record["settings"].get(key, UNSET.get(key))
+    if key != "set":
+        return text
+    return common_settings(ast.literal_eval(text), [])
 
 
 def common_settings(pairs: list[str], arms: list[str]) -> dict[str, Any]:

@@ -494,3 +494,29 @@ def test_runs_measured_on_another_machine_are_merged_only_when_asked(tmp_path, m
     learn.main()
     record = json.loads((tmp_path / "d2.json").read_text())
     assert {run["machine"]["dtype"] for run in record["runs"]} == {"bfloat16", "float32"}
+
+
+def test_files_merge_when_their_common_settings_are_the_same_however_written(
+    tmp_path, monkeypatch
+) -> None:
+    """`--set` pairs are compared as the settings they make: spaces around `=` do not keep two
+    files apart; another value does."""
+    import json
+    import sys
+
+    from bench import learn
+
+    runs = [{"arms": {"default": curve(1), "default+r3l": curve(3)}}]
+    first = results_file(tmp_path, "a.json", runs, "abc1234", set="['train.micro_batch_size=2']")
+    spaced = results_file(tmp_path, "b.json", runs, "def5678", set="['train.micro_batch_size = 2']")
+    other = results_file(tmp_path, "c.json", runs, "0123abc", set="['train.micro_batch_size=4']")
+    out = tmp_path / "merged.json"
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(spaced),
+                                      "--json", str(out)])  # fmt: skip
+    learn.main()
+    assert len(json.loads(out.read_text())["runs"]) == 2
+    monkeypatch.setattr(sys, "argv", ["learn.py", "--merge", str(first), str(other),
+                                      "--json", str(tmp_path / "no.json")])  # fmt: skip
+    with pytest.raises(SystemExit):
+        learn.main()
+    assert not (tmp_path / "no.json").exists()

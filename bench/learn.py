@@ -832,17 +832,26 @@ def paired(curves: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def _setting(record: dict[str, Any], key: str) -> Any:
     """A results file's setting `key` as recorded, or as it reads where unrecorded; `--set`'s
-    pairs as the settings they make, so that `x=2` and `x = 2` are the same."""
+    pairs as the values they read as, so that `x=2` and `x = 2` are the same."""
     text = record["settings"].get(key, UNSET.get(key))
-    if key != "set":
-        return text
-    return common_settings(ast.literal_eval(text), [])
+    return _pairs(ast.literal_eval(text)) if key == "set" else text
 
 
 def common_settings(pairs: list[str], arms: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` settings, each value read as TOML (a bare word as a string), checked as
-    `flywheel run` would check them. Raises FlowError on one that is no setting, has a bad
-    value, or is one an arm sets itself."""
+    """`--set KEY=VALUE` settings (`_pairs`), checked as `flywheel run` would check them. Raises
+    FlowError on one that is no setting, has a bad value, or is one an arm sets itself."""
+    found = _pairs(pairs)
+    for key in found:
+        for arm in arms:
+            if key in (arm_settings(arm) or {}):
+                raise FlowError(f"--set {key}: arm {arm} sets it itself")
+    load_run_settings(None, found, {key: f"--set {key}" for key in found})
+    return found
+
+
+def _pairs(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` pairs as settings, each value read as TOML (a bare word as a string). Raises
+    FlowError on one that is no pair."""
     found: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = (part.strip() for part in pair.partition("="))
@@ -852,10 +861,6 @@ def common_settings(pairs: list[str], arms: list[str]) -> dict[str, Any]:
             found[key] = tomllib.loads(f"value = {text}")["value"]
         except tomllib.TOMLDecodeError:  # a bare word: a string
             found[key] = text
-        for arm in arms:
-            if key in (arm_settings(arm) or {}):
-                raise FlowError(f"--set {key}: arm {arm} sets it itself")
-    load_run_settings(None, found, {key: f"--set {key}" for key in found})
     return found
 
 

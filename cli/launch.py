@@ -26,8 +26,6 @@ def run(args: argparse.Namespace) -> int:
             f"--source {settings.source} trains on captured agent traffic: use flywheel serve"
         )
     _migrate_own_store(settings.db_url)
-    if args.prefect == "local":
-        _use_local_prefect(args.workdir, args.prefect_port)
     model_path = model_folder(args.model, args.models).resolve()
     reviewer_path = None
     if settings.reviewer is not None:
@@ -38,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         server_url = args.server_url
         if server_url:
             preflight(settings.db_url, server_url, model_path.name)
+        servers.enter_context(_prefect(args))  # stopped after the model servers
         own = [policy] if not server_url else []
         urls = _start(servers, [*own, *([reviewer] if reviewer is not None else [])])
         server_url = server_url or urls[0]
@@ -284,6 +283,22 @@ def _use_local_prefect(workdir: Path, port: int) -> None:
     url = orchestrator.api_url(workdir.resolve() / "prefect", port)
     os.environ["PREFECT_API_URL"] = url
     print(f"Prefect API {url} (UI: {url.removesuffix('/api')})", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _prefect(args: argparse.Namespace) -> Iterator[None]:
+    """Point this process at `PREFECT_API_URL`, else at the local server (`--prefect local`,
+    started once and left running), else at a server of its own (`--prefect temporary`),
+    stopped when the block ends, and with this process were it killed."""
+    from flows import orchestrator
+
+    if args.prefect == "local":
+        _use_local_prefect(args.workdir, args.prefect_port)
+    if orchestrator.configured():
+        yield
+        return
+    with orchestrator.temporary() as url, orchestrator.using(url):
+        yield
 
 
 def run_settings(args: argparse.Namespace, **fixed: Any) -> Any:

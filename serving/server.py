@@ -276,11 +276,10 @@ class VllmServer:
     def _command(self) -> list[str]:
         s = self.settings
         guard = GUARD_EVERY_ROUTE if s.api_key else ""
-        launch = LAUNCH.format(owner=OWNER, grace_s=s.stop_grace_s, guard=guard, module=API_SERVER)
         return [
             str(s.python),
             "-c",
-            launch,
+            owned(API_SERVER, s.stop_grace_s, guard),
             "--model",
             str(s.model_path),
             "--served-model-name",
@@ -358,6 +357,15 @@ threading.Thread(target=stop_when_orphaned, args=(owner, {grace_s}), daemon=True
 runpy.run_module("{module}", run_name="__main__", alter_sys=True)
 """
 OWNER = "FLYWHEEL_SERVER_OWNER"
+
+
+def owned(module: str, grace_s: float, guard: str = "") -> str:
+    """The lines (`python -c`, then the module's own arguments) that run `module` as a program
+    and stop its process group once the process that started it is gone. That process passes
+    its pid as `OWNER` in the environment and starts the program in a session of its own."""
+    return LAUNCH.format(owner=OWNER, grace_s=grace_s, guard=guard, module=module)
+
+
 # vLLM's key guards /v1 and a few other prefixes; its other routes stay open (/tokenize,
 # /metrics, and with dev mode /pause and /collective_rpc, which reload weights in place). With a
 # key of its own, the server's launch makes every route take it.

@@ -706,7 +706,7 @@ def _flywheel(
     settings = arm_settings(arm)
     if settings is None:
         raise ValueError(f"unknown arm {arm!r}")
-    spec = settings | common_settings(args.set, [arm])
+    spec = settings | _pairs(args.set)  # checked once, by main
     group_size = args.group_size // 2 if spec.pop("halve_group", False) else args.group_size
     config = workdir / "arm.toml"
     config.write_text(_toml(spec))

@@ -17,7 +17,6 @@ import os
 import platform
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,12 +25,11 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reports.intervals import mean_interval, wilson
-
-if TYPE_CHECKING:
-    from serving.server import ServerSettings
+from serving.server import ServerSettings
+from serving.server import free_port as free_port  # the benchmarks take it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run as `.venv/bin/python bench/NAME.py`, a benchmark's own folder leads the import path; the
@@ -240,18 +238,10 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def server_settings(model_path: Path, log_path: Path, **options: Any) -> ServerSettings:
     """A vLLM server of `model_path` from the serving environment, serving it under its folder's
     name on a free port (unless `options` name one), logging to `log_path`; `options`: more
     `ServerSettings`."""
-    from serving.server import ServerSettings
-
     options.setdefault("port", free_port())
     return ServerSettings(python=SERVER_PYTHON, model_path=model_path,
                           served_name=model_path.name, log_path=log_path, **options)  # fmt: skip

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from typing import IO
 import httpx
 
 from flows.errors import FlowError
-from serving.server import OWNER, owned
+from serving.server import OWNER, free_port, owned
 
 LOCAL_PORT = 4200
 STOP_GRACE_S = 5.0
@@ -64,7 +63,7 @@ def temporary(timeout_s: float = 120.0) -> Iterator[str]:
     """A Prefect server for this process only, on a free loopback port; its API URL. Stopped
     when the block ends, and by itself once this process is gone."""
     with tempfile.TemporaryFile() as log:
-        port = _free_port()
+        port = free_port()
         process = _launch(port, log)
         try:
             url = f"http://127.0.0.1:{port}/api"
@@ -131,6 +130,8 @@ def using(url: str) -> Iterator[None]:
 def _wait_healthy(
     url: str, process: subprocess.Popen[bytes], log: IO[bytes], timeout_s: float
 ) -> None:
+    """Until the server answers; FlowError with its log's last lines if it exits or takes too
+    long (the caller stops it)."""
     deadline = time.monotonic() + timeout_s
     while not _healthy(url):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -139,7 +140,6 @@ def _wait_healthy(
             state = f"did not start in {timeout_s:.0f} s"
             if process.returncode is not None:
                 state = f"exited with code {process.returncode}"
-            _stop(process)
             raise FlowError(f"the temporary Prefect server {state}: {tail or '(no output)'}")
         time.sleep(0.2)
 
@@ -162,12 +162,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _start(home: Path, port: int) -> subprocess.Popen[bytes]:

@@ -448,6 +448,13 @@ def cpu_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return "bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32"
 
 
+def free_port() -> int:
+    """A loopback port no one listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def ensure_port_free(host: str, port: int) -> None:
     """Raise unless a server could listen on `port`; connections in TIME_WAIT do not count
     (servers bind with SO_REUSEADDR)."""

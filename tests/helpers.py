@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from memory.records import (
     TrainingRound,
 )
 from serving import promotion
+from serving.server import free_port as free_port  # the tests take it from here
 from verifiers.reasoning import eval_tasks
 from verifiers.sandbox import Isolation, Limits, Sandbox
 from verifiers.task import Task
@@ -51,12 +51,6 @@ def require(env: str, reason: str) -> None:
     if os.environ.get(env):
         pytest.fail(f"{reason} ({env} is set, so this may not be skipped)")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

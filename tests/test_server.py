@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from serving.errors import ServingError
-from serving.server import ServerSettings, VllmServer, close_together, ensure_port_free
+from serving.server import (
+    ServerSettings,
+    VllmServer,
+    close_together,
+    ensure_port_free,
+    free_port,
+)
 from tests.helpers import wait_until
 
 
@@ -45,7 +51,7 @@ def test_server_that_dies_reports_its_log_tail(tmp_path: Path) -> None:
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho 'loading model'\necho 'CUDA out of memory' >&2\nexit 3\n")
     fake.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     with pytest.raises(ServingError, match="exited with code 3.*CUDA out of memory"):
         VllmServer(settings(tmp_path, fake, port)).start()
 
@@ -56,15 +62,9 @@ def test_server_that_never_answers_times_out(tmp_path: Path) -> None:
         f"#!/bin/sh\necho 'stuck'\nexec {sys.executable} -c 'import time; time.sleep(60)'\n"
     )
     fake.chmod(0o755)
-    s = settings(tmp_path, fake, _free_port()).model_copy(update={"startup_timeout_s": 2})
+    s = settings(tmp_path, fake, free_port()).model_copy(update={"startup_timeout_s": 2})
     with pytest.raises(ServingError, match="did not become healthy in 2 s.*stuck"):
         VllmServer(s).start()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_two_servers_get_disjoint_cores(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +135,7 @@ def test_a_server_whose_owner_is_killed_stops_with_its_engine(tmp_path: Path) ->
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake"), "FAKE_PIDS": str(pids)}
     (tmp_path / "model").mkdir()
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(tmp_path / "model"), str(_free_port()),
+        [sys.executable, "-c", OWNER, str(tmp_path / "model"), str(free_port()),
          str(tmp_path / "server.log")],
         env=env, cwd=Path(__file__).parents[1],
     )  # fmt: skip
@@ -197,7 +197,7 @@ def test_a_server_that_computes_without_answering_is_busy_and_one_that_idles_is_
 ) -> None:
     """A server that takes connections and answers none: busy while it computes (a long
     prefill), stalled while it does not."""
-    port = _free_port()
+    port = free_port()
     listen = f"s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen()"
     code = f"import socket, time\n{listen}\n{work}"
     fake = tmp_path / "python"
@@ -239,7 +239,7 @@ def test_servers_side_by_side_are_told_to_stop_before_either_is_waited_on(
         fake = folder / "python"
         fake.write_text(f"#!/bin/sh\nexec {sys.executable} {script}\n")
         fake.chmod(0o755)
-        each = settings(folder, fake, _free_port()).model_copy(update={"stop_grace_s": 1.0})
+        each = settings(folder, fake, free_port()).model_copy(update={"stop_grace_s": 1.0})
         servers.append(VllmServer(each))
     for server in servers:
         server.launch()

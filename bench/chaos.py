@@ -31,8 +31,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,11 @@ class Scene:
                          lambda group: self.stored_at.append(time.monotonic())),
         )  # fmt: skip
 
+    def claimed(self) -> int:
+        """Work items of the batch a worker holds or held."""
+        with store.transaction(self.engine) as session:
+            return session.scalar(select(func.count()).where(WorkItemRow.claims > 0)) or 0
+
     def wait_stored(self, count: int, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
         while len(self.stored_at) < count:
@@ -158,25 +164,55 @@ def running_requests(url: str) -> float:
     return sum(values)
 
 
-def wait_busy(url: str, at_least: int, batch: threading.Thread, timeout_s: float = 120.0) -> None:
-    """Until the server runs `at_least` requests at once. A batch that ended first raises its own
-    error, or says how busy the server got (the fault would strike nothing)."""
-    started, peak = time.monotonic(), 0.0
-    while (running := running_requests(url)) < at_least:
-        peak = max(peak, running)
+def open_connections(port: int) -> int:
+    """TCP connections established to `port` on this host (IPv4)."""
+    hex_port = f":{port:04X}"
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if row[2].endswith(hex_port) and row[3] == "01")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A batch whose requests wait at a stopped engine: the worker's thread, the engine's
+    stopped processes, and when they were stopped."""
+
+    batch: threading.Thread
+    engines: list[int]
+    at: float
+
+
+def collect_held(scene: Scene, server: VllmServer, at_least: int) -> Held:
+    """Start the scene's worker and stop the server's engine (SIGSTOP) as soon as the worker
+    claims its lot: the lot's requests reach the API and wait there, none can end, and a fault
+    strikes them in flight however fast the machine (a tiny model on a fast one answers
+    faster than a batch's requests pile up). Returns once `at_least` connections are open to
+    the server; the engine stays stopped."""
+    assert server.pid is not None
+    engines = engine_pids(server.pid)
+    batch = scene.collect(worker_settings())
+    _wait(lambda: scene.claimed() > 0, batch, "the worker claimed its lot", timeout_s=120.0)
+    for pid in engines:
+        os.kill(pid, signal.SIGSTOP)
+    held = Held(batch, engines, time.monotonic())
+    port = server.settings.port
+    # Within the supervisor's patience: two failed probes of up to 10 s each restart the server.
+    _wait(lambda: open_connections(port) >= at_least, batch,
+          f"{at_least} connections were open to the server", timeout_s=15.0)  # fmt: skip
+    return held
+
+
+def _wait(done: Callable[[], bool], batch: threading.Thread, what: str, timeout_s: float) -> None:
+    """Until `done()`; a batch that ended first raises its own error, or says it ended."""
+    started = time.monotonic()
+    while not done():
         waited = time.monotonic() - started
         if not batch.is_alive():
             finish(batch)
-            raise RuntimeError(
-                f"the batch ended after {waited:.1f} s, before the server ran {at_least} requests"
-                f" at once (at most {peak:.0f} seen)"
-            )
+            raise RuntimeError(f"the batch ended after {waited:.1f} s, before {what}")
         if waited > timeout_s:
-            raise TimeoutError(
-                f"the server never ran {at_least} requests at once in {timeout_s:.0f} s"
-                f" (at most {peak:.0f})"
-            )
-        time.sleep(0.02)
+            raise TimeoutError(f"not in {timeout_s:.0f} s: {what}")
+        time.sleep(0.01)
 
 
 def engine_pids(server_pid: int) -> list[int]:
@@ -219,12 +255,14 @@ def server_killed(
 ) -> Row:
     """SIGKILL the server's API process with the batch's rollouts in flight."""
     scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, max_tokens)
-    thread = scene.collect(worker_settings())
-    wait_busy(server.url, min(16, tasks * group_size), thread)
+    held = collect_held(scene, server, min(16, tasks * group_size))
     assert server.pid is not None
     struck = time.monotonic()
     os.kill(server.pid, signal.SIGKILL)
-    finish(thread)
+    for pid in held.engines:  # resumed, they find their server gone, as after any such kill
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    finish(held.batch)
     return scene.row("server killed (SIGKILL)", struck)
 
 
@@ -233,16 +271,11 @@ def server_stalled(
 ) -> Row:
     """Stop the engine processes only: `/health` answers, no token comes."""
     scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, max_tokens)
-    thread = scene.collect(worker_settings())
-    wait_busy(server.url, min(16, tasks * group_size), thread)
-    assert server.pid is not None
-    struck = time.monotonic()
-    for pid in engine_pids(server.pid):
-        os.kill(pid, signal.SIGSTOP)
+    held = collect_held(scene, server, min(16, tasks * group_size))
     detected = _first_error(scene.engine, "stalled", timeout_s=300.0)
-    finish(thread)
-    note = f"stall seen after {detected - struck:.1f} s" if detected else "stall never seen"
-    return scene.row("engine stalled (SIGSTOP)", struck, note)
+    finish(held.batch)
+    note = f"stall seen after {detected - held.at:.1f} s" if detected else "stall never seen"
+    return scene.row("engine stalled (SIGSTOP)", held.at, note)
 
 
 def _first_error(engine: Engine, text: str, timeout_s: float) -> float | None:

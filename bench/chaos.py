@@ -53,7 +53,7 @@ from serving.server import VllmServer
 from verifiers.reasoning import train_tasks
 from workers import worker
 
-STRUCK_TOKENS = 512  # rollouts a fault strikes in the middle of: long enough on a fast machine
+STRUCK_TOKENS = 512  # the struck rollouts' length: it sets how long recollecting them takes
 
 
 class Row(BaseModel):

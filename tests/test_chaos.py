@@ -29,8 +29,8 @@ def own_server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield server
 
 
-# Rollouts a fault strikes in the middle of: it strikes once 16 run at once, and every rollout is
-# generated again after it, so shorter than the benchmark's (a quarter of the time on 2 cores).
+# Rollouts a fault strikes in the middle of: it strikes with the lot's requests held at a
+# stopped engine, and every rollout is generated again after it, so shorter than the benchmark's.
 STRUCK_TOKENS = 128
 
 

@@ -250,6 +250,17 @@ def test_the_example_reviewer_config_turns_on_blind_revisions_of_every_failed_gr
     assert settings.train.revision_weight == "distill" and settings.train.mode == "filtered"
 
 
+def test_the_r3l_example_is_the_reviewer_config_with_reflections_and_retries_on_top() -> None:
+    examples = Path(__file__).parent.parent / "examples"
+    reviewer = load_run_settings(examples / "reviewer.toml", {})
+    r3l = load_run_settings(examples / "reviewer-r3l.toml", {})
+    assert r3l.collect.retry.enabled and not reviewer.collect.retry.enabled
+    assert r3l.collect.model_copy(update={"retry": reviewer.collect.retry}) == reviewer.collect
+    assert r3l.train.micro_batch_size == 2  # as the twelve runs behind it were measured
+    unbatched = r3l.train.model_copy(update={"micro_batch_size": reviewer.train.micro_batch_size})
+    assert unbatched == reviewer.train
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_run_serves_the_reviewer_with_those_settings_unless_told_not_to() -> None:
     root = Path(__file__).parent.parent

@@ -269,22 +269,33 @@ def server_killed(
 def server_stalled(
     server: VllmServer, db_url: str, tasks: int, group_size: int, max_tokens: int = STRUCK_TOKENS
 ) -> Row:
-    """Stop the engine processes only: `/health` answers, no token comes."""
+    """Stop the engine processes only: `/health` answers, no token comes. Whichever catches it
+    first counts: a worker's stall watch (the lot given back as stalled) or the server's
+    supervisor (its generation probes fail, and it restarts the server)."""
     scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, max_tokens)
+    stalled_pid = server.pid
     held = collect_held(scene, server, min(16, tasks * group_size))
-    detected = _first_error(scene.engine, "stalled", timeout_s=300.0)
+    caught = _stall_caught(scene.engine, server, stalled_pid, timeout_s=300.0)
     finish(held.batch)
-    note = f"stall seen after {detected - held.at:.1f} s" if detected else "stall never seen"
+    note = "stall never caught"
+    if caught is not None:
+        at, by = caught
+        note = f"stall caught by {by} after {at - held.at:.1f} s"
     return scene.row("engine stalled (SIGSTOP)", held.at, note)
 
 
-def _first_error(engine: Engine, text: str, timeout_s: float) -> float | None:
+def _stall_caught(
+    engine: Engine, server: VllmServer, stalled_pid: int | None, timeout_s: float
+) -> tuple[float, str] | None:
+    """When a stall was caught, and by whom."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if server.pid != stalled_pid:
+            return time.monotonic(), "the supervisor"
         with store.transaction(engine) as session:
-            hit = session.scalar(select(func.count()).where(WorkItemRow.error.contains(text)))
+            hit = session.scalar(select(func.count()).where(WorkItemRow.error.contains("stalled")))
         if hit:
-            return time.monotonic()
+            return time.monotonic(), "the worker"
         time.sleep(0.2)
     return None
 

@@ -59,7 +59,7 @@ def test_an_engine_that_answers_health_but_generates_nothing_is_caught(
     db = f"sqlite:///{tmp_path / 's.db'}"
     row = chaos.server_stalled(own_server, db, tasks=16, group_size=4, max_tokens=STRUCK_TOKENS)
     assert_whole(row)
-    assert row.note.startswith("stall seen after"), row.note
+    assert row.note.startswith("stall caught by"), row.note
 
 
 @pytest.mark.vllm

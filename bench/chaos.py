@@ -270,8 +270,9 @@ def server_stalled(
     server: VllmServer, db_url: str, tasks: int, group_size: int, max_tokens: int = STRUCK_TOKENS
 ) -> Row:
     """Stop the engine processes only: `/health` answers, no token comes. Whichever catches it
-    first counts: a worker's stall watch (the lot given back as stalled) or the server's
-    supervisor (its generation probes fail, and it restarts the server)."""
+    first counts: the server's supervisor (its generation probes fail, and it restarts the
+    server) or a worker's stall watch, which shows in the store once the worker gives its lot
+    back as stalled, after one probe of the server (up to 30 s), so often after the restart."""
     scene = Scene(server.url, server.settings.served_name, db_url, tasks, group_size, max_tokens)
     stalled_pid = server.pid
     held = collect_held(scene, server, min(16, tasks * group_size))
